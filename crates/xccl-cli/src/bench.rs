@@ -1,0 +1,422 @@
+//! `xccl bench`: nccl-tests-style measurements of one collective over a range of sizes.
+//!
+//! Methodology (the same as the peer harnesses in `shared/bench/peers`): per size, one
+//! untimed run on fresh data whose exact result is known and checked element by element;
+//! warm-up runs; then timed back-to-back runs between two barriers, their number chosen by
+//! rank 0 so the loop lasts about `--target-sec` unless `-n` fixes it; the result is checked
+//! again after the loop. `time` is the per-run time averaged over ranks, `tmax` the slowest
+//! rank's. Buffers are out of place (in place for broadcast), freshly allocated per size.
+
+use std::time::Instant;
+
+use xccl::{Communicator, DType, Element, ReduceOp, bf16, f16, reference_reduce};
+
+/// The collective to measure.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coll {
+    /// `all_reduce` (busbw = algbw * 2(n-1)/n)
+    #[value(name = "all_reduce", alias = "allreduce")]
+    AllReduce,
+    /// `all_gather` (size is the gathered output)
+    #[value(name = "all_gather", alias = "allgather")]
+    AllGather,
+    /// `reduce_scatter` (size is the per-rank input)
+    #[value(name = "reduce_scatter", alias = "reducescatter")]
+    ReduceScatter,
+    /// `broadcast`
+    #[value(name = "broadcast", alias = "bcast")]
+    Broadcast,
+    /// `reduce`
+    #[value(name = "reduce")]
+    Reduce,
+    /// `all_to_all` (size is the per-rank send buffer)
+    #[value(name = "all_to_all", alias = "alltoall")]
+    AllToAll,
+    /// `scatter` (size is the root's whole input)
+    #[value(name = "scatter")]
+    Scatter,
+    /// `gather` (size is the root's whole output)
+    #[value(name = "gather")]
+    Gather,
+    /// `send`/`recv` around a ring: every rank sends to the next one
+    #[value(name = "sendrecv")]
+    SendRecv,
+}
+
+impl Coll {
+    /// Every collective the benchmark knows.
+    pub const ALL: [Coll; 9] = [
+        Coll::AllReduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllToAll,
+        Coll::Scatter,
+        Coll::Gather,
+        Coll::SendRecv,
+    ];
+
+    /// The name nccl-tests uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "allreduce",
+            Coll::AllGather => "allgather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::Broadcast => "bcast",
+            Coll::Reduce => "reduce",
+            Coll::AllToAll => "alltoall",
+            Coll::Scatter => "scatter",
+            Coll::Gather => "gather",
+            Coll::SendRecv => "sendrecv",
+        }
+    }
+
+    /// nccl-tests' bus-bandwidth factor.
+    pub fn busbw_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::Scatter | Coll::Gather => {
+                (n - 1.0) / n
+            }
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
+        }
+    }
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    fn rooted(self) -> bool {
+        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Scatter | Coll::Gather)
+    }
+}
+
+/// Arguments of `xccl bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// The collective.
+    #[arg(value_enum)]
+    pub coll: Coll,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    pub min: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    pub max: usize,
+    /// Multiply the size by this much each step.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub factor: usize,
+    /// Exact list of sizes (e.g. `8,1K,1M,64M`), instead of -b/-e/-f.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Vec<usize>,
+    /// Timed runs per size (default: as many as fit in --target-sec, 3 to 20000).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<usize>,
+    /// Untimed warm-up runs per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+    /// Seconds the timed loop should last when -n is not given.
+    #[arg(long, default_value_t = 0.3)]
+    pub target_sec: f64,
+    /// Element type.
+    #[arg(short = 'd', long = "datatype", default_value = "f32")]
+    pub dtype: DType,
+    /// Reduction.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: ReduceOp,
+    /// Root of rooted collectives.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Run this many ranks as threads of this process instead of joining a launched job.
+    #[arg(long)]
+    pub local: Option<usize>,
+    /// Print rows in the peer harnesses' format (no root column) for `summarize.py`.
+    #[arg(long)]
+    pub peer_format: bool,
+    /// Run in place (one buffer for input and output), as PyTorch's API does; results are
+    /// checked on the first run only, since every run changes the data.
+    #[arg(long)]
+    pub inplace: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    xccl::parse_bytes("size", s, 0, usize::MAX).map_err(|e| e.to_string())
+}
+
+/// Runs `xccl bench`.
+pub fn run(args: &BenchArgs) -> xccl::Result<()> {
+    if args.inplace && args.coll != Coll::AllReduce {
+        return Err(xccl::Error::Config(
+            "--inplace applies to all_reduce (broadcast is always in place)".into(),
+        ));
+    }
+    match args.local {
+        Some(n) => {
+            let comms = Communicator::local(n)?;
+            std::thread::scope(|s| {
+                let hs: Vec<_> =
+                    comms.iter().map(|c| s.spawn(move || bench_rank(c, args, "local"))).collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("bench rank panicked"))
+                    .collect::<xccl::Result<Vec<_>>>()
+            })?;
+            Ok(())
+        }
+        None => bench_rank(&Communicator::from_env()?, args, "tcp"),
+    }
+}
+
+fn sizes(args: &BenchArgs) -> Vec<usize> {
+    if !args.sizes.is_empty() {
+        return args.sizes.clone();
+    }
+    let mut v = Vec::new();
+    let mut s = args.min.max(1);
+    while s <= args.max {
+        v.push(s);
+        s = s.saturating_mul(args.factor.max(2));
+    }
+    v
+}
+
+fn bench_rank(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Result<()> {
+    macro_rules! typed {
+        ($($d:ident => $t:ty),*) => { match args.dtype { $(DType::$d => bench_typed::<$t>(c, args, transport),)* } };
+    }
+    typed!(F32 => f32, F64 => f64, F16 => f16, BF16 => bf16, I8 => i8, I32 => i32, I64 => i64, U8 => u8, U32 => u32, U64 => u64)
+}
+
+/// Small integers, so that every reduction is exact in every type; the pattern repeats
+/// every 35 elements.
+fn val<T: Element>(op: ReduceOp, rank: usize, i: usize) -> T {
+    let v = match op {
+        ReduceOp::Prod => 1 + usize::from((rank + i) % 5 == 0),
+        _ => (rank * 3 + i) % 7,
+    };
+    T::from_f64(v as f64)
+}
+
+/// One size of one collective: buffers, how to run it, and the exact expected output.
+pub(crate) struct Case<T> {
+    input: Vec<T>,
+    output: Vec<T>,
+    expected: Vec<T>,
+    /// Elements as nccl-tests counts them.
+    pub count: usize,
+    /// The result lands in `input` (in-place all-reduce).
+    inplace: bool,
+}
+
+pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize) -> Case<T> {
+    let (n, r, root) = (c.size(), c.rank(), args.root);
+    let es = size_of::<T>();
+    let op = args.op;
+    let elems = (bytes / es).max(1);
+    let block = (elems / n).max(1);
+    let reduced = |i: usize| -> T {
+        let v: Vec<T> = (0..n).map(|q| val(op, q, i)).collect();
+        reference_reduce(op, &v).unwrap_or_else(|| T::from_f64(0.0))
+    };
+    let code = |s: usize, d: usize, j: usize| T::from_f64(((s * 5 + d * 3 + j) % 11) as f64);
+    let filler = T::from_f64(99.0);
+    let inplace = args.inplace && args.coll == Coll::AllReduce;
+    match args.coll {
+        Coll::AllReduce | Coll::Reduce => {
+            let table: Vec<T> = (0..35).map(reduced).collect();
+            let is_out = args.coll == Coll::AllReduce || r == root;
+            Case {
+                input: (0..elems).map(|i| val(op, r, i)).collect(),
+                output: vec![filler; if is_out && !inplace { elems } else { 0 }],
+                expected: if is_out { (0..elems).map(|i| table[i % 35]).collect() } else { Vec::new() },
+                count: elems,
+                inplace,
+            }
+        }
+        Coll::Broadcast => Case {
+            input: Vec::new(),
+            output: (0..elems).map(|i| if r == root { val(op, root, i) } else { filler }).collect(),
+            expected: (0..elems).map(|i| val(op, root, i)).collect(),
+            count: elems,
+            inplace: false,
+        },
+        Coll::AllGather | Coll::Gather => {
+            let is_out = args.coll == Coll::AllGather || r == root;
+            Case {
+                input: (0..block).map(|j| val(op, r, j)).collect(),
+                output: vec![filler; if is_out { block * n } else { 0 }],
+                expected: if is_out {
+                    (0..block * n).map(|k| val(op, k / block, k % block)).collect()
+                } else {
+                    Vec::new()
+                },
+                count: block * n,
+                inplace: false,
+            }
+        }
+        Coll::ReduceScatter => {
+            let table: Vec<T> = (0..35).map(reduced).collect();
+            Case {
+                input: (0..block * n).map(|i| val(op, r, i)).collect(),
+                output: vec![filler; block],
+                expected: (0..block).map(|j| table[(r * block + j) % 35]).collect(),
+                count: block * n,
+                inplace: false,
+            }
+        }
+        Coll::AllToAll => Case {
+            input: (0..block * n).map(|k| code(r, k / block, k % block)).collect(),
+            output: vec![filler; block * n],
+            expected: (0..block * n).map(|k| code(k / block, r, k % block)).collect(),
+            count: block * n,
+            inplace: false,
+        },
+        Coll::Scatter => Case {
+            input: if r == root { (0..block * n).map(|k| val(op, root, k)).collect() } else { Vec::new() },
+            output: vec![filler; block],
+            expected: (0..block).map(|j| val(op, root, r * block + j)).collect(),
+            count: block * n,
+            inplace: false,
+        },
+        Coll::SendRecv => {
+            let prev = (r + n - 1) % n;
+            Case {
+                input: (0..elems).map(|i| val(op, r, i)).collect(),
+                output: vec![filler; elems],
+                expected: (0..elems).map(|i| val(op, prev, i)).collect(),
+                count: elems,
+                inplace: false,
+            }
+        }
+    }
+}
+
+pub(crate) fn run_once<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<()> {
+    let (op, root) = (args.op, args.root);
+    match args.coll {
+        Coll::AllReduce if args.inplace => c.all_reduce(&mut k.input, op),
+        Coll::AllReduce => c.all_reduce_into(&k.input, &mut k.output, op),
+        Coll::Reduce => c.reduce(&k.input, &mut k.output, op, root),
+        Coll::Broadcast => c.broadcast(&mut k.output, root),
+        Coll::AllGather => c.all_gather(&k.input, &mut k.output),
+        Coll::Gather => c.gather(&k.input, &mut k.output, root),
+        Coll::ReduceScatter => c.reduce_scatter(&k.input, &mut k.output, op),
+        Coll::AllToAll => c.all_to_all(&k.input, &mut k.output),
+        Coll::Scatter => c.scatter(&k.input, &mut k.output, root),
+        Coll::SendRecv => {
+            let (n, r) = (c.size(), c.rank());
+            if n == 1 {
+                k.output.copy_from_slice(&k.input);
+                return Ok(());
+            }
+            let send = c.isend(std::mem::take(&mut k.input), (r + 1) % n, 0);
+            c.recv(&mut k.output, (r + n - 1) % n, 0)?;
+            k.input = send.wait()?;
+            Ok(())
+        }
+    }
+}
+
+pub(crate) fn wrong<T: Element>(k: &Case<T>) -> usize {
+    let result = if k.inplace { &k.input } else { &k.output };
+    result.iter().zip(&k.expected).filter(|(a, b)| a != b).count()
+}
+
+fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Result<()> {
+    let (n, r) = (c.size(), c.rank());
+    if args.coll.rooted() && args.root >= n {
+        return Err(xccl::Error::Config(format!("--root {} is outside {n} ranks", args.root)));
+    }
+    let say = |s: String| {
+        if r == 0 {
+            println!("{s}");
+        }
+    };
+    let redop = if args.coll.reduces() { args.op.name() } else { "none" };
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    say(format!(
+        "# xccl bench: op={} nranks={n} transport={transport} dtype={} redop={redop} {} host_cpus={cores} oversubscribed={}",
+        args.coll.name(),
+        args.dtype,
+        if args.inplace { "in-place" } else { "out-of-place" },
+        if n > cores { "yes" } else { "no" }
+    ));
+    say("#".into());
+    say(format!("# op={}  busbw factor={:.4}", args.coll.name(), args.coll.busbw_factor(n)));
+    let root_col = if args.peer_format { String::new() } else { format!(" {:>5}", "root") };
+    say(format!(
+        "# {:>12} {:>12} {:>6} {:>5}{root_col} {:>12} {:>11} {:>11} {:>6} {:>12} {:>6}",
+        "size(B)",
+        "count",
+        "type",
+        "redop",
+        "time(us)",
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "#wrong",
+        "tmax(us)",
+        "iters"
+    ));
+    let mut bus_sum = 0.0;
+    let mut rows = 0usize;
+    let mut wrong_total = 0usize;
+    for bytes in sizes(args) {
+        let mut k = case::<T>(c, args, bytes);
+        let mut bad = wrong_count(c, args, &mut k)?;
+        // Warm-up, timed to pick the number of timed runs.
+        let t0 = Instant::now();
+        for _ in 0..args.warmup.max(1) {
+            run_once(c, args, &mut k)?;
+        }
+        let mut plan = [t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64];
+        c.broadcast(&mut plan, 0)?;
+        let iters = args
+            .iters
+            .unwrap_or_else(|| (args.target_sec / plan[0].max(1e-9)).clamp(3.0, 20000.0) as usize)
+            .max(1);
+        c.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            run_once(c, args, &mut k)?;
+        }
+        let dt = t0.elapsed().as_secs_f64() / iters as f64;
+        c.barrier()?;
+        if !args.inplace {
+            bad += wrong(&k);
+        }
+        let mut sums = [dt, bad as f64];
+        c.all_reduce(&mut sums, ReduceOp::Sum)?;
+        let mut tmax = [dt];
+        c.all_reduce(&mut tmax, ReduceOp::Max)?;
+        let tavg = sums[0] / n as f64;
+        let real = k.count * size_of::<T>();
+        let algbw = real as f64 / tavg / 1e9;
+        let busbw = algbw * args.coll.busbw_factor(n);
+        bus_sum += busbw;
+        rows += 1;
+        wrong_total += sums[1] as usize;
+        let root = if args.coll.rooted() { args.root.to_string() } else { "-1".into() };
+        let root_col = if args.peer_format { String::new() } else { format!(" {root:>5}") };
+        say(format!(
+            "  {real:>12} {:>12} {:>6} {redop:>5}{root_col} {:>12.2} {algbw:>11.3} {busbw:>11.3} {:>6} {:>12.2} {iters:>6}",
+            k.count,
+            args.dtype.name(),
+            tavg * 1e6,
+            sums[1] as usize,
+            tmax[0] * 1e6
+        ));
+    }
+    say(format!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" }));
+    say(format!("# Avg bus bandwidth    : {:.4}", if rows > 0 { bus_sum / rows as f64 } else { 0.0 }));
+    if wrong_total > 0 {
+        return Err(xccl::Error::Internal(format!("{wrong_total} wrong values")));
+    }
+    Ok(())
+}
+
+/// The untimed correctness run on fresh buffers: the number of wrong elements.
+fn wrong_count<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<usize> {
+    run_once(c, args, k)?;
+    Ok(wrong(k))
+}

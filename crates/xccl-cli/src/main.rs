@@ -1,0 +1,48 @@
+//! The `xccl` command: `run` launches ranks, `bench` measures collectives, `demo` runs and
+//! checks every collective on local ranks.
+
+mod bench;
+mod demo;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// xccl: collective communication and parallel training.
+#[derive(Parser, Debug)]
+#[command(name = "xccl", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`.
+    Run(run::RunArgs),
+    /// Measure a collective, nccl-tests style (under `xccl run`, or with --local N).
+    Bench(bench::BenchArgs),
+    /// Launch local ranks and run and check every collective.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("XCCL_DEBUG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Run(args) => run::run(args),
+        Command::Bench(args) => match bench::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("xccl bench: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Demo(args) => demo::run(&args),
+    }
+}

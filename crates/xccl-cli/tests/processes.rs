@@ -1,0 +1,372 @@
+//! Ranks as real processes: the launcher, TCP between processes, a static torchrun-style
+//! rendezvous without launcher, and failures (a rank killed mid-collective, a failing rank,
+//! Ctrl-C, a wrong secret).
+//!
+//! This binary is its own rank program: run with `XCCL_TEST_SCENARIO` set, it acts as one
+//! rank of that scenario; run plainly (as `cargo test` does), it runs every test below and
+//! exits non-zero if one fails.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use xccl::{Communicator, ReduceOp};
+
+const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
+
+/// A named test: Ok, or what went wrong.
+type Test = (&'static str, fn() -> Result<(), String>);
+
+fn main() {
+    if let Ok(scenario) = std::env::var("XCCL_TEST_SCENARIO") {
+        std::process::exit(rank_main(&scenario));
+    }
+    let tests: &[Test] = &[
+        ("collectives between processes under xccl run", collectives_under_launcher),
+        ("static rendezvous without a launcher (torchrun variables)", static_rendezvous),
+        ("a killed rank fails the others promptly, naming it", killed_rank),
+        ("the launcher stops the job when a rank fails", launcher_failure),
+        ("the launcher prefixes output with ranks", launcher_prefix),
+        ("Ctrl-C stops every rank", launcher_interrupt),
+        ("a wrong secret is refused between processes", wrong_secret),
+    ];
+    let mut failed = 0;
+    for (name, test) in tests {
+        let t0 = Instant::now();
+        match test() {
+            Ok(()) => println!("test {name} ... ok ({:.1} s)", t0.elapsed().as_secs_f64()),
+            Err(e) => {
+                failed += 1;
+                println!("test {name} ... FAILED ({:.1} s)\n{e}", t0.elapsed().as_secs_f64());
+            }
+        }
+    }
+    println!("\n{} passed; {failed} failed", tests.len() - failed);
+    std::process::exit(i32::from(failed > 0));
+}
+
+// ---- rank side ----
+
+fn rank_main(scenario: &str) -> i32 {
+    let result = match scenario {
+        "collectives" => collectives(),
+        "killed" => survive_a_kill(),
+        "hello" => Communicator::from_env().and_then(|c| c.barrier()),
+        other => Err(xccl::Error::Config(format!("unknown scenario {other}"))),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("RANK ERROR: {e}");
+            3
+        }
+    }
+}
+
+fn check(ok: bool, what: &str) -> xccl::Result<()> {
+    if ok { Ok(()) } else { Err(xccl::Error::Internal(format!("wrong result: {what}"))) }
+}
+
+/// A representative subset of collectives, checked exactly.
+fn collectives() -> xccl::Result<()> {
+    let c = Communicator::from_env()?;
+    let (n, r) = (c.size(), c.rank());
+    for len in [0usize, 1, 7, 1 << 16, (1 << 20) + 3] {
+        let mut v: Vec<f32> = (0..len).map(|i| ((r + i) % 5) as f32).collect();
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        check(
+            v.iter().enumerate().all(|(i, x)| *x == (0..n).map(|q| ((q + i) % 5) as f32).sum::<f32>()),
+            "all_reduce",
+        )?;
+        let mut b = vec![r as i32; len];
+        c.broadcast(&mut b, n - 1)?;
+        check(b.iter().all(|x| *x == (n - 1) as i32), "broadcast")?;
+        let mut red = vec![0u64; len];
+        c.reduce(&vec![r as u64 + 1; len], &mut red, ReduceOp::Prod, 0)?;
+        check(r != 0 || red.iter().all(|x| *x == (1..=n as u64).product::<u64>()), "reduce")?;
+        let mut g = vec![xccl::bf16::ZERO; len * n];
+        c.all_gather(&vec![xccl::bf16::from_f32(r as f32); len], &mut g)?;
+        check(g.iter().enumerate().all(|(k, x)| x.to_f32() == (k / len.max(1)) as f32), "all_gather")?;
+        let mut rs = vec![0i64; len];
+        c.reduce_scatter(&vec![1i64; len * n], &mut rs, ReduceOp::Sum)?;
+        check(rs.iter().all(|x| *x == n as i64), "reduce_scatter")?;
+        let inp: Vec<u32> = (0..len * n).map(|k| (r * 100 + k / len.max(1)) as u32).collect();
+        let mut out = vec![0u32; len * n];
+        c.all_to_all(&inp, &mut out)?;
+        check(out.iter().enumerate().all(|(k, x)| *x == ((k / len.max(1)) * 100 + r) as u32), "all_to_all")?;
+    }
+    let counts: Vec<usize> = (0..n).map(|k| k * 3 + 1).collect();
+    let mut out = vec![0f64; counts.iter().sum()];
+    c.all_gather_v(&vec![r as f64; counts[r]], &mut out, &counts)?;
+    let want: Vec<f64> =
+        counts.iter().enumerate().flat_map(|(k, &m)| std::iter::repeat_n(k as f64, m)).collect();
+    check(out == want, "all_gather_v")?;
+    let pair = c.split(Some((r % 2) as u32), -(r as i32))?.expect("every rank has a color");
+    let mut v = [r as i32];
+    pair.all_reduce(&mut v, ReduceOp::Max)?;
+    check(v[0] == (0..n).filter(|q| q % 2 == r % 2).max().unwrap_or(0) as i32, "split all_reduce")?;
+    check(
+        pair.rank() == (0..n).filter(|q| q % 2 == r % 2).rev().position(|q| q == r).unwrap_or(usize::MAX),
+        "split key order",
+    )?;
+    if n > 1 {
+        let to = (r + 1) % n;
+        let from = (r + n - 1) % n;
+        let s = c.isend(vec![r as u8; 3000], to, 9);
+        let mut got = vec![0u8; 3000];
+        c.recv(&mut got, from, 9)?;
+        s.wait()?;
+        check(got.iter().all(|x| *x == from as u8), "send/recv")?;
+    }
+    c.barrier()
+}
+
+/// Large all-reduces in a loop; rank 2 kills itself (SIGKILL) in the middle of one.
+fn survive_a_kill() -> xccl::Result<()> {
+    let c = Communicator::from_env()?;
+    let mut v = vec![1f32; 8 << 20];
+    for i in 0..1000 {
+        if c.rank() == 2 && i == 3 {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                let _ =
+                    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+            });
+        }
+        c.all_reduce(&mut v, ReduceOp::Max)?;
+    }
+    Ok(())
+}
+
+// ---- orchestration side ----
+
+fn me() -> String {
+    std::env::current_exe().expect("test binary path").to_string_lossy().into_owned()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `cmd` with a deadline; kills it and fails past the deadline.
+fn run_with_deadline(mut cmd: Command, limit: Duration) -> Result<Output, String> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| e.to_string())?;
+    let (mut out, mut err) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+    let o = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = out.read_to_end(&mut b);
+        b
+    });
+    let e = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = err.read_to_end(&mut b);
+        b
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("did not finish within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output { status, stdout: o.join().unwrap_or_default(), stderr: e.join().unwrap_or_default() })
+}
+
+fn launch(n: usize, scenario: &str, extra_env: &[(&str, &str)]) -> Result<Output, String> {
+    let mut cmd = Command::new(XCCL);
+    cmd.args(["run", "-n", &n.to_string(), "--", &me()])
+        .env("XCCL_TEST_SCENARIO", scenario)
+        .env("XCCL_TIMEOUT", "60");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    run_with_deadline(cmd, Duration::from_secs(120))
+}
+
+fn collectives_under_launcher() -> Result<(), String> {
+    for n in [1, 2, 3, 4] {
+        let out = launch(n, "collectives", &[])?;
+        if !out.status.success() {
+            return Err(format!("n={n}: {}", text(&out)));
+        }
+    }
+    let out = launch(3, "collectives", &[("XCCL_ALGO", "allreduce:reduce_broadcast")])?;
+    if !out.status.success() {
+        return Err(format!("reduce_broadcast: {}", text(&out)));
+    }
+    Ok(())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29555)
+}
+
+/// Starts `n` ranks by hand, as torchrun's static rendezvous would: only RANK, WORLD_SIZE,
+/// LOCAL_RANK, MASTER_ADDR and MASTER_PORT (rank 0 serves the store).
+fn spawn_static(
+    n: usize,
+    scenario: &str,
+    timeout: &str,
+    secret_of: impl Fn(usize) -> String,
+) -> Result<Vec<Child>, String> {
+    let port = free_port().to_string();
+    (0..n)
+        .map(|r| {
+            Command::new(me())
+                .env("XCCL_TEST_SCENARIO", scenario)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("XCCL_SECRET", secret_of(r))
+                .env("XCCL_TIMEOUT", timeout)
+                .env_remove("XCCL_STORE_ADDR")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+fn static_rendezvous() -> Result<(), String> {
+    let children = spawn_static(3, "collectives", "60", |_| "same".into())?;
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("rank {r}: {}", text(&out)));
+        }
+    }
+    Ok(())
+}
+
+fn killed_rank() -> Result<(), String> {
+    let start = Instant::now();
+    let children = spawn_static(4, "killed", "60", |_| "s".into())?;
+    let mut report = String::new();
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if r == 2 {
+            continue;
+        }
+        if out.status.code() != Some(3) || !err.contains("RANK ERROR") || !err.contains("rank 2") {
+            report += &format!("rank {r} did not fail naming rank 2: {}\n", text(&out));
+        }
+    }
+    // XCCL_TIMEOUT is 60 s: failing well before it proves the loss was detected, not timed out.
+    let took = start.elapsed();
+    if took > Duration::from_secs(20) {
+        report += &format!("the survivors took {took:?} to fail\n");
+    }
+    if report.is_empty() { Ok(()) } else { Err(report) }
+}
+
+fn launcher_failure() -> Result<(), String> {
+    let mut cmd = Command::new(XCCL);
+    cmd.args([
+        "run",
+        "-n",
+        "3",
+        "--grace",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60",
+    ]);
+    let start = Instant::now();
+    let out = run_with_deadline(cmd, Duration::from_secs(30))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(7) || !err.contains("rank 1") || !err.contains("status 7") {
+        return Err(text(&out));
+    }
+    if start.elapsed() > Duration::from_secs(10) {
+        return Err(format!("took {:?} to stop the job", start.elapsed()));
+    }
+    Ok(())
+}
+
+fn launcher_prefix() -> Result<(), String> {
+    let mut cmd = Command::new(XCCL);
+    cmd.args(["run", "-n", "2", "--", "sh", "-c", "echo hello from $RANK of $WORLD_SIZE; echo oops >&2"]);
+    let out = run_with_deadline(cmd, Duration::from_secs(30))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ok = out.status.success()
+        && stdout.contains("[0] hello from 0 of 2")
+        && stdout.contains("[1] hello from 1 of 2")
+        && stderr.contains("[1] oops");
+    if ok { Ok(()) } else { Err(text(&out)) }
+}
+
+fn launcher_interrupt() -> Result<(), String> {
+    let marker = format!("xccl-interrupt-test-{}", std::process::id());
+    let mut child = Command::new(XCCL)
+        .args(["run", "-n", "2", "--grace", "2", "--", "sh", "-c", &format!("exec sleep 60 # {marker}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            return Err("launcher did not stop within 10 s of Ctrl-C".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // No rank of the job may survive it.
+    let survivors = processes_mentioning(&marker);
+    if !survivors.is_empty() {
+        return Err(format!("ranks survived Ctrl-C: pids {survivors:?}"));
+    }
+    if status.code() != Some(130) {
+        return Err(format!("exit status {status:?}, expected 130"));
+    }
+    Ok(())
+}
+
+fn wrong_secret() -> Result<(), String> {
+    // Rank 1 is refused by rank 0's store at once; rank 0 waits for it until its deadline
+    // and then says why it never came.
+    let children = spawn_static(2, "hello", "3", |r| format!("secret-{r}"))?;
+    let mut report = String::new();
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !err.contains("XCCL_SECRET") {
+            report += &format!("rank {r}: {}\n", text(&out));
+        }
+    }
+    if report.is_empty() { Ok(()) } else { Err(report) }
+}
+
+/// Pids of processes whose command line contains `needle` (from /proc).
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
+        .collect()
+}

@@ -1,0 +1,48 @@
+//! Linear scatter and gather: the root exchanges one block directly with every other rank.
+
+use crate::schedule::{Blocks, Buf, Program, Region};
+
+/// Ranks other than the root, starting after it, so that roots spread their first sends.
+fn others(n: usize, root: usize) -> impl Iterator<Item = usize> {
+    (1..n).map(move |i| (root + i) % n)
+}
+
+/// Scatter: block `i` of the root's `n * block`-element input goes to rank `i`'s output.
+pub fn scatter(rank: usize, n: usize, block: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    if block == 0 {
+        return p;
+    }
+    let blocks = Blocks::uniform(block, n);
+    let out = Region::new(Buf::Output, 0, block);
+    let step = p.step();
+    if rank == root {
+        for q in others(n, root) {
+            step.send(q, blocks.region(Buf::Input, q));
+        }
+        step.copy(blocks.region(Buf::Input, root), out);
+    } else {
+        step.recv(root, out);
+    }
+    p
+}
+
+/// Gather: rank `i`'s `block`-element input lands in block `i` of the root's output.
+pub fn gather(rank: usize, n: usize, block: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    if block == 0 {
+        return p;
+    }
+    let blocks = Blocks::uniform(block, n);
+    let input = Region::new(Buf::Input, 0, block);
+    let step = p.step();
+    if rank == root {
+        for q in others(n, root) {
+            step.recv(q, blocks.region(Buf::Output, q));
+        }
+        step.copy(input, blocks.region(Buf::Output, root));
+    } else {
+        step.send(root, input);
+    }
+    p
+}

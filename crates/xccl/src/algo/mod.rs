@@ -1,0 +1,247 @@
+//! Algorithms: pure functions from `(rank, nranks, shape, root)` to a [`Program`].
+//!
+//! Each algorithm lives in its own module. [`build`] maps a collective and an algorithm to
+//! its schedule; [`choose`] picks the default algorithm for a collective, which the
+//! environment can override (`XCCL_ALGO=allreduce:reduce_broadcast,broadcast:binomial`).
+//! All ranks must run the same algorithm; the choice travels in every frame header, so a
+//! rank configured differently gets a mismatch error rather than a deadlock.
+
+mod dissemination;
+mod linear;
+mod pairwise;
+mod reduce_broadcast;
+mod ring;
+mod tree;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+use crate::frame::CollKind;
+use crate::schedule::{Blocks, Program};
+
+/// A family of schedules.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algorithm {
+    /// Ring: reduce-scatter then all-gather around `0 → 1 → … → n-1 → 0`.
+    Ring = 1,
+    /// Binomial tree rooted at the root, pipelined in segments.
+    Binomial = 2,
+    /// The root talks to every other rank directly.
+    Linear = 3,
+    /// All-to-all in `n-1` rounds of pairwise exchange.
+    Pairwise = 4,
+    /// All-reduce as a linear reduce to rank 0 followed by a broadcast from it: the
+    /// parameter-server shape.
+    ReduceBroadcast = 5,
+    /// Barrier by dissemination: `⌈log2 n⌉` rounds of messages to `rank + 2^k`.
+    Dissemination = 6,
+}
+
+impl Algorithm {
+    const ALL: [Algorithm; 6] = [
+        Algorithm::Ring,
+        Algorithm::Binomial,
+        Algorithm::Linear,
+        Algorithm::Pairwise,
+        Algorithm::ReduceBroadcast,
+        Algorithm::Dissemination,
+    ];
+
+    /// The name used in `XCCL_ALGO` and in messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Binomial => "binomial",
+            Algorithm::Linear => "linear",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::ReduceBroadcast => "reduce_broadcast",
+            Algorithm::Dissemination => "dissemination",
+        }
+    }
+
+    /// The name of a wire tag (for describing a peer's frame).
+    pub(crate) fn name_of(tag: u8) -> &'static str {
+        Algorithm::ALL.iter().find(|a| **a as u8 == tag).map_or("unknown algorithm", |a| a.name())
+    }
+
+    /// The algorithms that implement `kind`, the default first.
+    pub fn for_collective(kind: CollKind) -> &'static [Algorithm] {
+        match kind {
+            CollKind::AllReduce => &[Algorithm::Ring, Algorithm::ReduceBroadcast],
+            CollKind::AllGather | CollKind::ReduceScatter => &[Algorithm::Ring],
+            CollKind::Broadcast | CollKind::Reduce => &[Algorithm::Binomial],
+            CollKind::Scatter | CollKind::Gather => &[Algorithm::Linear],
+            CollKind::AllToAll => &[Algorithm::Pairwise],
+            CollKind::Barrier => &[Algorithm::Dissemination],
+            CollKind::SendRecv => &[],
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            Error::Config(format!("unknown algorithm '{s}': expected one of {}", names.join(", ")))
+        })
+    }
+}
+
+/// The data layout of one collective call, as its schedule needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One count: the buffer of all-reduce/broadcast/reduce, the per-rank block of
+    /// scatter/gather/reduce-scatter/all-gather/all-to-all (0 for barrier).
+    Count(usize),
+    /// One block per rank in the output (all-gather with uneven counts).
+    Gather(Blocks),
+    /// What goes to each rank and what comes from each rank (all-to-all with uneven counts).
+    Exchange {
+        /// Block `j` of the input goes to rank `j`.
+        send: Blocks,
+        /// Block `j` of the output comes from rank `j`.
+        recv: Blocks,
+    },
+}
+
+/// Per-collective algorithm choices that override the defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlgoOverrides(HashMap<CollKind, Algorithm>);
+
+impl AlgoOverrides {
+    /// Parses `allreduce:ring,broadcast:binomial` (collective names with or without `_`).
+    pub fn parse(spec: &str) -> Result<AlgoOverrides> {
+        let mut map = HashMap::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (coll, algo) = item.split_once(':').ok_or_else(|| {
+                Error::Config(format!("XCCL_ALGO item '{item}' is not COLLECTIVE:ALGORITHM"))
+            })?;
+            let norm = coll.trim().replace('_', "").to_ascii_lowercase();
+            let kind = ALL_COLLECTIVES
+                .into_iter()
+                .find(|k| k.name().replace('_', "") == norm)
+                .ok_or_else(|| Error::Config(format!("XCCL_ALGO names unknown collective '{coll}'")))?;
+            let algo: Algorithm = algo.trim().parse()?;
+            if !Algorithm::for_collective(kind).contains(&algo) {
+                return Err(Error::Config(format!(
+                    "XCCL_ALGO: {kind} has no '{algo}' algorithm (available: {})",
+                    Algorithm::for_collective(kind).iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            map.insert(kind, algo);
+        }
+        Ok(AlgoOverrides(map))
+    }
+
+    /// Sets the algorithm for one collective.
+    pub fn set(&mut self, kind: CollKind, algo: Algorithm) -> Result<()> {
+        if !Algorithm::for_collective(kind).contains(&algo) {
+            return Err(Error::Config(format!("{kind} has no '{algo}' algorithm")));
+        }
+        self.0.insert(kind, algo);
+        Ok(())
+    }
+}
+
+const ALL_COLLECTIVES: [CollKind; 9] = [
+    CollKind::Broadcast,
+    CollKind::Scatter,
+    CollKind::Gather,
+    CollKind::Reduce,
+    CollKind::AllReduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+    CollKind::AllToAll,
+    CollKind::Barrier,
+];
+
+/// The algorithm that runs `kind`: the override if any, else the default.
+pub fn choose(kind: CollKind, overrides: &AlgoOverrides) -> Algorithm {
+    overrides.0.get(&kind).copied().unwrap_or_else(|| Algorithm::for_collective(kind)[0])
+}
+
+/// The schedule of collective `kind` by `algo` for `rank` of `nranks`.
+pub fn build(
+    kind: CollKind,
+    algo: Algorithm,
+    rank: usize,
+    nranks: usize,
+    root: usize,
+    shape: &Shape,
+) -> Result<Program> {
+    use Algorithm as A;
+    use CollKind as K;
+    if *shape == Shape::Count(0) && kind != CollKind::Barrier {
+        // Every rank passes the same count, so all agree there is nothing to do.
+        return Ok(Program::new());
+    }
+    let program = match (kind, algo, shape) {
+        (K::AllReduce, A::Ring, Shape::Count(c)) => ring::all_reduce(rank, nranks, *c),
+        (K::AllReduce, A::ReduceBroadcast, Shape::Count(c)) => reduce_broadcast::all_reduce(rank, nranks, *c),
+        (K::AllGather, A::Ring, Shape::Count(c)) => ring::all_gather(rank, &Blocks::uniform(*c, nranks)),
+        (K::AllGather, A::Ring, Shape::Gather(blocks)) => ring::all_gather(rank, blocks),
+        (K::ReduceScatter, A::Ring, Shape::Count(c)) => ring::reduce_scatter(rank, nranks, *c),
+        (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, nranks, *c, root),
+        (K::Reduce, A::Binomial, Shape::Count(c)) => tree::reduce(rank, nranks, *c, root),
+        (K::Scatter, A::Linear, Shape::Count(c)) => linear::scatter(rank, nranks, *c, root),
+        (K::Gather, A::Linear, Shape::Count(c)) => linear::gather(rank, nranks, *c, root),
+        (K::AllToAll, A::Pairwise, Shape::Count(c)) => {
+            let b = Blocks::uniform(*c, nranks);
+            pairwise::all_to_all(rank, &b, &b)
+        }
+        (K::AllToAll, A::Pairwise, Shape::Exchange { send, recv }) => pairwise::all_to_all(rank, send, recv),
+        (K::Barrier, A::Dissemination, Shape::Count(0)) => dissemination::barrier(rank, nranks),
+        _ => {
+            return Err(Error::Internal(format!("no schedule for {kind} by {algo} with {shape:?}")));
+        }
+    };
+    Ok(program)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_parse_and_reject_nonsense() {
+        let o = AlgoOverrides::parse("allreduce:reduce_broadcast, all_gather:ring").unwrap();
+        assert_eq!(choose(CollKind::AllReduce, &o), Algorithm::ReduceBroadcast);
+        assert_eq!(choose(CollKind::Broadcast, &o), Algorithm::Binomial);
+        assert!(AlgoOverrides::parse("allreduce").is_err());
+        assert!(AlgoOverrides::parse("allreduce:bogus").is_err());
+        assert!(AlgoOverrides::parse("broadcast:ring").unwrap_err().to_string().contains("no 'ring'"));
+        assert!(AlgoOverrides::parse("teleport:ring").is_err());
+    }
+
+    #[test]
+    fn every_listed_algorithm_builds_and_checks() {
+        for kind in ALL_COLLECTIVES {
+            for &algo in Algorithm::for_collective(kind) {
+                for n in 1..=9 {
+                    for rank in 0..n {
+                        let count = if kind == CollKind::Barrier { 0 } else { 13 };
+                        let p = build(kind, algo, rank, n, n / 2, &Shape::Count(count)).unwrap();
+                        let (input, output) = match kind {
+                            CollKind::Scatter | CollKind::ReduceScatter => (count * n, count),
+                            CollKind::Gather | CollKind::AllGather => (count, count * n),
+                            CollKind::AllToAll => (count * n, count * n),
+                            _ => (count, count),
+                        };
+                        p.check(rank, n, input, output).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}

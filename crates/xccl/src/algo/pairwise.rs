@@ -1,0 +1,19 @@
+//! Pairwise-exchange all-to-all: in round `s` rank `r` sends to `r + s` and receives from
+//! `r - s`, so every round is a perfect matching of senders and receivers.
+
+use crate::schedule::{Blocks, Buf, Program};
+
+/// All-to-all: block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank `j`.
+pub fn all_to_all(rank: usize, send: &Blocks, recv: &Blocks) -> Program {
+    let n = send.count();
+    // Ranks cannot tell locally whether the whole exchange is empty (counts differ per rank),
+    // so every pair exchanges a message, possibly empty.
+    let mut p = Program::new();
+    p.step().copy(send.region(Buf::Input, rank), recv.region(Buf::Output, rank));
+    for s in 1..n {
+        let to = (rank + s) % n;
+        let from = (rank + n - s) % n;
+        p.step().send(to, send.region(Buf::Input, to)).recv(from, recv.region(Buf::Output, from));
+    }
+    p
+}

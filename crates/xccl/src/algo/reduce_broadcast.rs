@@ -1,0 +1,37 @@
+//! All-reduce through a root, the parameter-server shape: every rank sends its buffer to
+//! rank 0, which folds them in rank order and sends the result back to everyone. Simple and
+//! deterministic, but the root moves `2 (n - 1)` buffers, so it only suits small messages or
+//! a deliberate server topology.
+
+use crate::schedule::{Buf, Program, Region};
+
+/// The rank that plays the server.
+const SERVER: usize = 0;
+
+/// All-reduce of `count` elements through rank 0.
+pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
+    let mut p = Program::new();
+    if count == 0 {
+        return p;
+    }
+    let input = Region::new(Buf::Input, 0, count);
+    let output = Region::new(Buf::Output, 0, count);
+    if n == 1 {
+        p.step().copy(input, output);
+        return p;
+    }
+    let step = p.step();
+    if rank == SERVER {
+        for (i, w) in (1..n).enumerate() {
+            step.recv_reduce(w, output, if i == 0 { input } else { output });
+        }
+        // Each send streams behind the last fold of its segment.
+        for w in 1..n {
+            step.send(w, output);
+        }
+    } else {
+        // In place, the result may overwrite a segment only after it has been sent.
+        step.send(SERVER, input).recv(SERVER, output);
+    }
+    p
+}

@@ -1,0 +1,92 @@
+//! Binomial-tree broadcast and reduce, each a single pipelined step.
+//!
+//! Ranks are renumbered relative to the root (`v = rank - root mod n`). The parent of `v`
+//! is `v` without its lowest set bit; its children are `v + 2^k` for every `2^k` below that
+//! bit. Because a rank's receive and its sends share one step and one region, segments flow
+//! down (or up) the tree as soon as they arrive instead of waiting for whole messages.
+
+use crate::schedule::{Buf, Program, Region};
+
+/// The parent of relative rank `v` (none for the root) and its children, nearest first.
+fn family(v: usize, n: usize) -> (Option<usize>, Vec<usize>) {
+    let low = if v == 0 { n.next_power_of_two() } else { 1 << v.trailing_zeros() };
+    let parent = (v != 0).then(|| v - low);
+    let children = (0..low.trailing_zeros()).map(|k| v + (1 << k)).filter(|&c| c < n).collect();
+    (parent, children)
+}
+
+/// Broadcast of `count` elements in place (the output) from `root`.
+pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    if count == 0 || n == 1 {
+        return p;
+    }
+    let abs = |v: usize| (v + root) % n;
+    let (parent, mut children) = family((rank + n - root) % n, n);
+    // The farthest child heads the largest subtree: serve it first.
+    children.reverse();
+    let all = Region::new(Buf::Output, 0, count);
+    let step = p.step();
+    if let Some(parent) = parent {
+        step.recv(abs(parent), all);
+    }
+    for c in children {
+        step.send(abs(c), all);
+    }
+    p
+}
+
+/// Reduce of `count` elements to `root`: the result lands in the root's output; other ranks
+/// accumulate in scratch and leave their buffers untouched.
+pub fn reduce(rank: usize, n: usize, count: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    if count == 0 {
+        return p;
+    }
+    let input = Region::new(Buf::Input, 0, count);
+    if n == 1 {
+        p.step().copy(input, Region::new(Buf::Output, 0, count));
+        return p;
+    }
+    let abs = |v: usize| (v + root) % n;
+    let (parent, children) = family((rank + n - root) % n, n);
+    let acc = match (parent, children.is_empty()) {
+        (None, _) => Region::new(Buf::Output, 0, count),
+        (Some(_), true) => input,
+        (Some(_), false) => {
+            p.scratch = count;
+            Region::new(Buf::Scratch, 0, count)
+        }
+    };
+    let step = p.step();
+    // Nearest children have the smallest subtrees and finish first.
+    for (i, c) in children.into_iter().enumerate() {
+        step.recv_reduce(abs(c), acc, if i == 0 { input } else { acc });
+    }
+    if let Some(parent) = parent {
+        step.send(abs(parent), acc);
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn family_forms_a_spanning_tree() {
+        for n in 1..40 {
+            let mut seen = vec![0; n];
+            for v in 0..n {
+                let (parent, children) = family(v, n);
+                for c in &children {
+                    assert_eq!(family(*c, n).0, Some(v), "n={n} v={v} c={c}");
+                    seen[*c] += 1;
+                }
+                assert_eq!(parent.is_none(), v == 0);
+            }
+            assert_eq!(seen[0], 0);
+            assert!(seen[1..].iter().all(|&s| s == 1), "n={n}: every non-root has one parent");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Bootstrap: how ranks find and trust each other before any collective runs.
+//!
+//! A [`StoreServer`] (run by the launcher, or by rank 0) holds each rank's listening
+//! address; every connection, to the store or between ranks, starts with the handshake of
+//! [`auth`]; [`Rendezvous`] reads a rank's place in the job from the environment.
+
+pub mod auth;
+pub mod env;
+pub(crate) mod mesh;
+pub mod store;
+
+pub use auth::Auth;
+pub use env::Rendezvous;
+pub use store::{StoreClient, StoreServer};

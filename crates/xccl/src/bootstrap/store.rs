@@ -1,0 +1,372 @@
+//! A TCP key-value store through which ranks find each other, served by the launcher or by
+//! rank 0 (as torchrun's static rendezvous does).
+//!
+//! After the handshake, each request is `op, key length, key, value length, value`; `get`
+//! blocks on the server until the key is set or the client's deadline passes. Keys and
+//! values have size limits, so a misbehaving client cannot make the server allocate without
+//! bound.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::auth::{self, Auth, Purpose};
+use crate::error::{Error, Result};
+
+const MAX_KEY: usize = 4096;
+const MAX_VALUE: usize = 16 << 20;
+const SET: u8 = 1;
+const GET: u8 = 2;
+const ADD: u8 = 3;
+const OK: u8 = 0;
+const MISSING: u8 = 1;
+const BAD: u8 = 2;
+/// How long the server gives a client to finish the handshake.
+const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Data {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    cv: Condvar,
+    /// The last refused handshakes, reported to clients whose `get` times out: the usual
+    /// reason a rank never shows up is that it was refused.
+    refusals: Mutex<Vec<String>>,
+}
+
+/// Refusals remembered.
+const MAX_REFUSALS: usize = 4;
+
+/// A running store server; stops when dropped.
+pub struct StoreServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StoreServer {
+    /// Serves a store on `bind` (port 0 picks a free port) for clients of `auth`'s job.
+    pub fn start(bind: impl ToSocketAddrs, auth: Auth) -> Result<StoreServer> {
+        let listener = TcpListener::bind(bind).map_err(|e| Error::io("binding the store's address", e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let data = Arc::new(Data::default());
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("xccl-store".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(mut s) = conn else { continue };
+                    let (data, auth) = (data.clone(), auth.clone());
+                    let _ = std::thread::Builder::new().name("xccl-store-client".into()).spawn(move || {
+                        let peer = s.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+                        match auth::server(&mut s, &auth, &peer, HANDSHAKE_PATIENCE) {
+                            Ok(Purpose::Store) => serve(s, &data),
+                            Ok(other) => {
+                                tracing::warn!("store: {peer} asked for {other:?}; dropped")
+                            }
+                            Err(e) => {
+                                tracing::warn!("store: {e}");
+                                let mut r = data.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+                                if r.len() == MAX_REFUSALS {
+                                    r.remove(0);
+                                }
+                                r.push(e.to_string());
+                            }
+                        }
+                    });
+                }
+            })
+            .map_err(|e| Error::io("starting the store thread", e))?;
+        Ok(StoreServer { addr, stop, thread: Some(thread) })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn read_u64(s: &mut TcpStream) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_bytes(s: &mut TcpStream, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let len = read_u64(s)?;
+    if len > max as u64 {
+        return Ok(None);
+    }
+    let mut v = vec![0u8; len as usize];
+    s.read_exact(&mut v)?;
+    Ok(Some(v))
+}
+
+fn reply(s: &mut TcpStream, status: u8, value: &[u8]) -> std::io::Result<()> {
+    let mut b = Vec::with_capacity(9 + value.len());
+    b.push(status);
+    b.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    b.extend_from_slice(value);
+    s.write_all(&b)
+}
+
+/// Serves one client until it disconnects or misbehaves.
+fn serve(mut s: TcpStream, data: &Data) {
+    let _ = s.set_nodelay(true);
+    loop {
+        let mut op = [0u8; 1];
+        if s.read_exact(&mut op).is_err() {
+            return;
+        }
+        let res = (|| -> std::io::Result<bool> {
+            let (Some(key), Some(value)) = (read_bytes(&mut s, MAX_KEY)?, read_bytes(&mut s, MAX_VALUE)?)
+            else {
+                reply(&mut s, BAD, b"key or value too large")?;
+                return Ok(false);
+            };
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
+            match op[0] {
+                SET => {
+                    map.insert(key, value);
+                    data.cv.notify_all();
+                    drop(map);
+                    reply(&mut s, OK, &[])?;
+                }
+                GET => {
+                    let wait =
+                        value.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                    let deadline = Instant::now() + Duration::from_millis(wait);
+                    loop {
+                        if let Some(v) = map.get(&key) {
+                            let v = v.clone();
+                            drop(map);
+                            reply(&mut s, OK, &v)?;
+                            break;
+                        }
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            drop(map);
+                            let refusals =
+                                data.refusals.lock().unwrap_or_else(PoisonError::into_inner).join("; ");
+                            reply(&mut s, MISSING, refusals.as_bytes())?;
+                            break;
+                        }
+                        map = data.cv.wait_timeout(map, left).unwrap_or_else(PoisonError::into_inner).0;
+                    }
+                }
+                ADD => {
+                    let delta =
+                        value.get(..8).map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                    let cur = map
+                        .get(&key)
+                        .and_then(|v| v.get(..8))
+                        .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                    let new = cur.wrapping_add(delta);
+                    map.insert(key, new.to_le_bytes().to_vec());
+                    data.cv.notify_all();
+                    drop(map);
+                    reply(&mut s, OK, &new.to_le_bytes())?;
+                }
+                _ => {
+                    drop(map);
+                    reply(&mut s, BAD, b"unknown request")?;
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })();
+        if !matches!(res, Ok(true)) {
+            let _ = s.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// A connection to a store.
+pub struct StoreClient {
+    stream: TcpStream,
+    addr: String,
+    timeout: Duration,
+}
+
+impl StoreClient {
+    /// Connects to the store at `addr` (`host:port`), retrying until `timeout` while the
+    /// server is not up yet; `timeout` also bounds every later `get`.
+    pub fn connect(addr: &str, auth: &Auth, timeout: Duration) -> Result<StoreClient> {
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            let attempt = addr
+                .to_socket_addrs()
+                .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{addr}': {e}")))?
+                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
+            if let Some(mut stream) = attempt {
+                auth::client(&mut stream, auth, Purpose::Store, addr, timeout.min(Duration::from_secs(30)))?;
+                let _ = stream.set_nodelay(true);
+                return Ok(StoreClient { stream, addr: addr.to_string(), timeout });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Bootstrap(format!(
+                    "no store answered at {addr} within {:.0} s: is rank 0 (or the launcher) running, and are \
+                     MASTER_ADDR/MASTER_PORT the same on every rank?",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// The local address of the connection: an address of this host that reaches the store.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.stream.local_addr().map_err(|e| Error::io("local address", e))
+    }
+
+    fn request(&mut self, op: u8, key: &str, value: &[u8], read_timeout: Duration) -> Result<(u8, Vec<u8>)> {
+        let ctx = |e: std::io::Error| Error::Bootstrap(format!("store at {} failed: {e}", self.addr));
+        if key.len() > MAX_KEY || value.len() > MAX_VALUE {
+            return Err(Error::Bootstrap(format!("store key or value too large (key '{key:.40}')")));
+        }
+        let mut b = vec![op];
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key.as_bytes());
+        b.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        b.extend_from_slice(value);
+        self.stream.write_all(&b).map_err(ctx)?;
+        self.stream.set_read_timeout(Some(read_timeout)).map_err(ctx)?;
+        let mut status = [0u8; 1];
+        self.stream.read_exact(&mut status).map_err(ctx)?;
+        let v = read_bytes(&mut self.stream, MAX_VALUE)
+            .map_err(ctx)?
+            .ok_or_else(|| ctx(std::io::Error::other("oversized reply")))?;
+        if status[0] == BAD {
+            return Err(Error::Bootstrap(format!(
+                "store refused the request: {}",
+                String::from_utf8_lossy(&v)
+            )));
+        }
+        Ok((status[0], v))
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.request(SET, key, value, Duration::from_secs(30)).map(|_| ())
+    }
+
+    /// Waits until `key` is set (at most the client's timeout) and returns its value.
+    pub fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        let ms = self.timeout.as_millis().min(u128::from(u64::MAX)) as u64;
+        let (status, v) = self.request(GET, key, &ms.to_le_bytes(), self.timeout + Duration::from_secs(5))?;
+        if status == MISSING {
+            let refused = if v.is_empty() {
+                String::new()
+            } else {
+                format!("; meanwhile the store refused: {}", String::from_utf8_lossy(&v))
+            };
+            return Err(Error::Bootstrap(format!(
+                "timed out after {:.0} s waiting for '{key}' in the store at {}{refused}",
+                self.timeout.as_secs_f64(),
+                self.addr
+            )));
+        }
+        Ok(v)
+    }
+
+    /// Adds `delta` to the counter `key` (0 if unset); returns the new value.
+    pub fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        let (_, v) = self.request(ADD, key, &delta.to_le_bytes(), Duration::from_secs(30))?;
+        let b: [u8; 8] = v
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::Bootstrap("short counter reply".into()))?;
+        Ok(i64::from_le_bytes(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> Auth {
+        Auth::new("store-test", "k").unwrap()
+    }
+
+    #[test]
+    fn set_get_add_and_blocking_get() {
+        let srv = StoreServer::start("127.0.0.1:0", auth()).unwrap();
+        let addr = srv.addr().to_string();
+        let mut a = StoreClient::connect(&addr, &auth(), Duration::from_secs(5)).unwrap();
+        a.set("x", b"hello").unwrap();
+        assert_eq!(a.get("x").unwrap(), b"hello");
+        assert_eq!(a.add("n", 5).unwrap(), 5);
+        assert_eq!(a.add("n", -2).unwrap(), 3);
+        let addr2 = addr.clone();
+        let waiter = std::thread::spawn(move || {
+            let mut b = StoreClient::connect(&addr2, &auth(), Duration::from_secs(5)).unwrap();
+            b.get("later").unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        a.set("later", b"now").unwrap();
+        assert_eq!(waiter.join().unwrap(), b"now");
+    }
+
+    #[test]
+    fn missing_key_times_out_with_its_name() {
+        let srv = StoreServer::start("127.0.0.1:0", auth()).unwrap();
+        let mut a =
+            StoreClient::connect(&srv.addr().to_string(), &auth(), Duration::from_millis(200)).unwrap();
+        assert!(a.get("nobody/sets/this").unwrap_err().to_string().contains("nobody/sets/this"));
+    }
+
+    #[test]
+    fn wrong_secret_cannot_use_the_store_and_waiters_hear_why() {
+        let srv = StoreServer::start("127.0.0.1:0", auth()).unwrap();
+        let bad = Auth::new("store-test", "other").unwrap();
+        let err = StoreClient::connect(&srv.addr().to_string(), &bad, Duration::from_secs(2)).err().unwrap();
+        assert!(err.to_string().contains("XCCL_SECRET"), "{err}");
+        let mut good =
+            StoreClient::connect(&srv.addr().to_string(), &auth(), Duration::from_millis(300)).unwrap();
+        let err = good.get("addr/1").unwrap_err().to_string();
+        assert!(err.contains("refused") && err.contains("XCCL_SECRET"), "{err}");
+    }
+
+    #[test]
+    fn oversized_values_are_refused_without_allocating() {
+        let srv = StoreServer::start("127.0.0.1:0", auth()).unwrap();
+        let mut a = StoreClient::connect(&srv.addr().to_string(), &auth(), Duration::from_secs(2)).unwrap();
+        // A raw request claiming a 1 TB value: the server replies BAD and hangs up.
+        let mut req = vec![SET];
+        req.extend_from_slice(&1u64.to_le_bytes());
+        req.push(b'k');
+        req.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        a.stream.write_all(&req).unwrap();
+        let mut status = [0u8; 1];
+        a.stream.read_exact(&mut status).unwrap();
+        assert_eq!(status[0], BAD);
+    }
+
+    #[test]
+    fn nobody_listening_is_a_clear_error() {
+        let err = StoreClient::connect("127.0.0.1:1", &auth(), Duration::from_millis(100)).err().unwrap();
+        assert!(err.to_string().contains("MASTER_ADDR"), "{err}");
+    }
+}

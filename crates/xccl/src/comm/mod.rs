@@ -1,0 +1,448 @@
+//! The [`Communicator`]: one group of ranks, its progress stream and how it was built.
+
+mod ops;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::algo::{self, Shape};
+use crate::bootstrap::mesh::{self, Acceptor};
+use crate::bootstrap::{Auth, Rendezvous, StoreClient, StoreServer};
+use crate::config::Config;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::exec::{Bufs, Engine, P2p, Tuning};
+use crate::frame::{CollKind, OpDesc};
+use crate::reduce::ReduceOp;
+use crate::schedule::Region;
+use crate::stream::{Job, Stream};
+use crate::transport::Links;
+use crate::transport::local::{self, LocalMesh};
+use crate::work::{Completion, Event, Work};
+
+/// A group of ranks that run collectives together.
+///
+/// Every rank of the group holds one `Communicator` and calls the same collectives in the
+/// same order. Operations run in issue order on the communicator's own progress thread;
+/// blocking calls wait for theirs, asynchronous calls return a [`Work`]. A communicator is
+/// `Send + Sync` and cheap to clone (clones share the group); several communicators (a
+/// tensor-parallel group and a data-parallel group, say) can be used at once, from any
+/// threads, without interfering.
+///
+/// If an operation fails (a peer died, ranks called different collectives, a deadline
+/// passed) the communicator aborts: its peers are told, and every later operation fails
+/// with the original error. Create a new communicator to continue.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+/// How a communicator makes the links of its sub-communicators.
+enum Fabric {
+    /// Ranks are threads of this process.
+    Local,
+    /// Ranks are reachable over TCP.
+    Tcp(Arc<TcpFabric>),
+}
+
+struct TcpFabric {
+    acceptor: Acceptor,
+    /// Acceptor address of every rank of the world, by world rank.
+    addrs: Vec<SocketAddr>,
+    auth: Auth,
+    /// The store, when rank 0 serves it.
+    _store: Option<StoreServer>,
+}
+
+struct Inner {
+    // Dropped first: joins the progress thread, which closes the links.
+    stream: Stream,
+    group: Group,
+    config: Config,
+    fabric: Fabric,
+}
+
+/// Who a communicator is.
+struct Group {
+    rank: usize,
+    size: usize,
+    id: u64,
+    /// World rank of each member.
+    members: Vec<usize>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.group.rank)
+            .field("size", &self.inner.group.size)
+            .field("id", &format_args!("{:#018x}", self.inner.group.id))
+            .finish()
+    }
+}
+
+/// Mixes values into a communicator id that every member computes alike.
+fn mix(parts: &[u64]) -> u64 {
+    parts.iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &p| {
+        let mut z = h ^ p.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    })
+}
+
+fn hash_str(s: &str) -> u64 {
+    mix(&s.bytes().map(u64::from).collect::<Vec<_>>())
+}
+
+impl Communicator {
+    fn build(group: Group, links: Links, seg: usize, config: Config, fabric: Fabric) -> Result<Communicator> {
+        let tuning = Tuning { seg, timeout: config.timeout, max_stash: config.max_unexpected };
+        let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
+        let stream = Stream::start(group.rank, engine)?;
+        Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric }) })
+    }
+
+    /// `n` communicators of one group whose ranks are threads of this process; hand one to
+    /// each thread. Settings come from the `XCCL_*` variables ([`Config::from_env`]).
+    pub fn local(n: usize) -> Result<Vec<Communicator>> {
+        Communicator::local_with(n, Config::from_env()?)
+    }
+
+    /// Like [`Communicator::local`], with explicit settings.
+    pub fn local_with(n: usize, config: Config) -> Result<Vec<Communicator>> {
+        if n == 0 {
+            return Err(Error::invalid("Communicator::local", "a group needs at least one rank"));
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = mix(&[u64::from(std::process::id()), NEXT.fetch_add(1, Ordering::Relaxed)]);
+        let mesh = LocalMesh::new(n);
+        (0..n)
+            .map(|rank| {
+                let group = Group { rank, size: n, id, members: (0..n).collect() };
+                Communicator::build(
+                    group,
+                    mesh.claim(rank)?,
+                    mesh.segment_bytes(),
+                    config.clone(),
+                    Fabric::Local,
+                )
+            })
+            .collect()
+    }
+
+    /// Joins the job described by this process's environment: torchrun (`RANK`,
+    /// `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Slurm (`SLURM_PROCID`, ...), Open MPI's
+    /// mpirun (`OMPI_COMM_WORLD_RANK`, ...) or `xccl run`; see [`Rendezvous`].
+    pub fn from_env() -> Result<Communicator> {
+        Communicator::connect(&Rendezvous::from_env()?, Config::from_env()?)
+    }
+
+    /// Joins the job described by `rv` over TCP.
+    pub fn connect(rv: &Rendezvous, config: Config) -> Result<Communicator> {
+        // The k-th world a rank of a job joins gets the k-th key space in the store.
+        static WORLDS: Mutex<Option<HashMap<(String, usize), u64>>> = Mutex::new(None);
+        let generation = {
+            let mut g = WORLDS.lock().unwrap_or_else(PoisonError::into_inner);
+            let n =
+                g.get_or_insert_with(HashMap::new).entry((rv.auth.job().to_string(), rv.rank)).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let store = if rv.serve_store && rv.rank == 0 { Some(serve_store(rv)?) } else { None };
+        let mut client = StoreClient::connect(&rv.store, &rv.auth, rv.timeout)?;
+        let acceptor = Acceptor::start(client.local_addr()?.ip(), rv.auth.clone())?;
+        let prefix = format!("world{generation}");
+        let me = format!("{} {}", acceptor.addr(), rv.size);
+        client.set(&format!("{prefix}/addr/{}", rv.rank), me.as_bytes())?;
+        let mut addrs = Vec::with_capacity(rv.size);
+        for r in 0..rv.size {
+            let v = client.get(&format!("{prefix}/addr/{r}"))?;
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let (addr, size) =
+                v.split_once(' ').ok_or_else(|| Error::Bootstrap(format!("bad address record '{v}'")))?;
+            if size != rv.size.to_string() {
+                return Err(Error::Bootstrap(format!(
+                    "rank {r} was started with a world of {size} ranks, rank {} with {}: every rank needs the same WORLD_SIZE",
+                    rv.rank, rv.size
+                )));
+            }
+            addrs.push(
+                addr.parse().map_err(|_| Error::Bootstrap(format!("bad address '{addr}' of rank {r}")))?,
+            );
+        }
+        let id = mix(&[hash_str(rv.auth.job()), generation, rv.size as u64]);
+        let links = mesh::connect(&acceptor, &rv.auth, id, rv.rank, &addrs, rv.timeout)?;
+        let fabric = TcpFabric { acceptor, addrs, auth: rv.auth.clone(), _store: store };
+        let group = Group { rank: rv.rank, size: rv.size, id, members: (0..rv.size).collect() };
+        let seg = config.tcp_segment;
+        Communicator::build(group, links, seg, config, Fabric::Tcp(Arc::new(fabric)))
+    }
+
+    /// This rank's index in the group, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.group.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.inner.group.size
+    }
+
+    /// The group's id, the same on every member (it appears in frame headers and errors).
+    pub fn id(&self) -> u64 {
+        self.inner.group.id
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Splits the group, as `MPI_Comm_split`: ranks passing the same `color` form a new
+    /// group, ordered by `key` and then by their rank here; ranks passing `None` get `None`.
+    /// Collective: every rank of this group must call it.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let mine = [color.map_or(-1, i64::from), i64::from(key)];
+        let mut all = vec![0i64; 2 * self.size()];
+        let seq =
+            self.block_seq(self.plan_all_gather::<i64>(2, 2 * self.size()), Bufs::pair(&mine, &mut all))?;
+        let Some(color) = color else { return Ok(None) };
+        let mut group: Vec<(i64, usize)> = (0..self.size())
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        group.sort_unstable();
+        let rank = group
+            .iter()
+            .position(|&(_, r)| r == self.rank())
+            .ok_or_else(|| Error::Internal("split lost this rank".into()))?;
+        let size = group.len();
+        let id = mix(&[self.inner.group.id, seq, u64::from(color)]);
+        let members: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.members[r]).collect();
+        let config = self.inner.config.clone();
+        match &self.inner.fabric {
+            Fabric::Local => {
+                let mesh = local::rendezvous(id, size);
+                let links = mesh.claim(rank)?;
+                let group = Group { rank, size, id, members };
+                Communicator::build(group, links, mesh.segment_bytes(), config, Fabric::Local).map(Some)
+            }
+            Fabric::Tcp(f) => {
+                let addrs: Vec<SocketAddr> = members.iter().map(|&w| f.addrs[w]).collect();
+                let links = mesh::connect(&f.acceptor, &f.auth, id, rank, &addrs, config.timeout)?;
+                let group = Group { rank, size, id, members };
+                let seg = config.tcp_segment;
+                Communicator::build(group, links, seg, config, Fabric::Tcp(f.clone())).map(Some)
+            }
+        }
+    }
+
+    /// An event that completes when every operation issued before it has completed.
+    pub fn record_event(&self) -> Event {
+        let done = Arc::new(Completion::default());
+        self.inner.stream.submit_unsequenced(Job::Marker { done: done.clone() });
+        Event::new(done)
+    }
+
+    fn check_rank(&self, api: &'static str, what: &str, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::invalid(
+                api,
+                format!("{what} {r} is outside this group of {} ranks", self.size()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates a collective's arguments and makes its schedule.
+    fn plan<T: Element>(&self, p: PlanArgs) -> Result<Plan> {
+        let algo = algo::choose(p.kind, &self.inner.config.algos);
+        let program = algo::build(p.kind, algo, self.rank(), self.size(), p.root.unwrap_or(0), &p.shape)?;
+        Ok(Plan {
+            desc: OpDesc {
+                kind: p.kind,
+                seq: 0,
+                dtype: T::DTYPE,
+                op: p.op,
+                count: p.count,
+                root: p.root.map(|r| r as u32),
+                algo: algo as u8,
+            },
+            program,
+            results: p.results,
+        })
+    }
+
+    /// Runs a collective on borrowed buffers; returns its sequence number.
+    fn block_seq(&self, plan: Result<Plan>, bufs: Bufs) -> Result<u64> {
+        let plan = plan?;
+        let done = Arc::new(Completion::default());
+        let d2 = done.clone();
+        let make = move |seq| Job::Coll {
+            desc: OpDesc { seq, ..plan.desc },
+            program: plan.program,
+            bufs,
+            results: plan.results,
+            done: d2,
+        };
+        // `run` returns after the job completed: the buffers behind `bufs` stay borrowed
+        // until then.
+        let seq = self.inner.stream.run(make, &done);
+        done.wait_result()?;
+        Ok(seq)
+    }
+
+    fn block(&self, plan: Result<Plan>, bufs: Bufs) -> Result<()> {
+        self.block_seq(plan, bufs).map(|_| ())
+    }
+
+    /// Runs a collective on buffers owned by `keep`, which `bufs` points into.
+    fn spawn<K: Send + 'static>(&self, plan: Result<Plan>, bufs: Bufs, keep: K) -> Work<K> {
+        match plan {
+            Err(e) => Work::new(Completion::finished(Err(e))),
+            Ok(plan) => {
+                let done = Arc::new(Completion::default());
+                // Park the buffers first: moving them does not move their heap memory.
+                done.keep(Box::new(keep));
+                let d2 = done.clone();
+                self.inner.stream.submit(move |seq| Job::Coll {
+                    desc: OpDesc { seq, ..plan.desc },
+                    program: plan.program,
+                    bufs,
+                    results: plan.results,
+                    done: d2,
+                });
+                Work::new(done)
+            }
+        }
+    }
+
+    fn p2p_check(&self, api: &'static str, peer: usize) -> Result<()> {
+        self.check_rank(api, "peer", peer)?;
+        if peer == self.rank() {
+            return Err(Error::invalid(
+                api,
+                "a rank cannot send to or receive from itself; copy the data instead",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs one point-to-point message on borrowed memory, returning once it completed.
+    fn p2p_block(&self, msg: P2p) -> Result<()> {
+        let done = Arc::new(Completion::default());
+        self.inner.stream.run_unsequenced(Job::P2p { msg, done: done.clone() }, &done);
+        done.wait_result()
+    }
+}
+
+/// What a collective call asks for.
+struct PlanArgs {
+    kind: CollKind,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    /// The count every rank agrees on (`u64::MAX` for the uneven variants).
+    count: u64,
+    shape: Shape,
+    /// Regions holding this rank's final reduced values.
+    results: Vec<Region>,
+}
+
+/// A validated collective, ready to queue.
+struct Plan {
+    desc: OpDesc,
+    program: crate::schedule::Program,
+    results: Vec<Region>,
+}
+
+impl Bufs {
+    /// One buffer that is both input and output.
+    fn in_place<T: Element>(buf: &mut [T]) -> Bufs {
+        let bytes = std::mem::size_of_val(buf);
+        let p = buf.as_mut_ptr().cast::<u8>();
+        Bufs { input: p, input_len: bytes, output: p, output_len: bytes }
+    }
+
+    /// Separate input and output.
+    fn pair<T: Element>(input: &[T], output: &mut [T]) -> Bufs {
+        Bufs {
+            input: input.as_ptr().cast(),
+            input_len: std::mem::size_of_val(input),
+            output: output.as_mut_ptr().cast(),
+            output_len: std::mem::size_of_val(output),
+        }
+    }
+}
+
+/// Serves the store at `rv.store`, on that address if it is this host's, else on all
+/// interfaces at its port.
+fn serve_store(rv: &Rendezvous) -> Result<StoreServer> {
+    let addr = rv
+        .store
+        .to_socket_addrs()
+        .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{}': {e}", rv.store)))?
+        .next()
+        .ok_or_else(|| Error::Bootstrap(format!("'{}' resolves to no address", rv.store)))?;
+    StoreServer::start(addr, rv.auth.clone()).or_else(|first| {
+        StoreServer::start(("0.0.0.0", addr.port()), rv.auth.clone()).map_err(|_| {
+            Error::Bootstrap(format!(
+                "rank 0 cannot serve the store at {}: {first} (is the port in use?)",
+                rv.store
+            ))
+        })
+    })
+}
+
+/// The element type of a point-to-point message, for checks on the receiving side.
+fn p2p<T: Element>(send: bool, peer: usize, tag: u32, ptr: *mut T, len: usize) -> P2p {
+    P2p { send, peer, tag, dtype: <T as Element>::DTYPE, ptr: ptr.cast(), len: len * DType::size(T::DTYPE) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bootstrap::auth::{self, Purpose};
+
+    #[test]
+    fn garbage_on_a_link_is_a_protocol_error_not_a_crash() {
+        let auth = Auth::new("garbage-test", "s").unwrap();
+        let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
+        let addr = store.addr().to_string();
+        let rv = Rendezvous {
+            rank: 0,
+            size: 2,
+            local_rank: 0,
+            store: addr.clone(),
+            serve_store: false,
+            auth: auth.clone(),
+            timeout: Duration::from_secs(10),
+            launcher: "test",
+        };
+        let rank0 = std::thread::spawn(move || {
+            let c =
+                Communicator::connect(&rv, Config { timeout: Duration::from_secs(10), ..Config::default() })?;
+            let mut v = vec![0f32; 16];
+            c.all_reduce(&mut v, ReduceOp::Sum)
+        });
+        // Play rank 1 by hand: authenticate properly, then send garbage instead of frames.
+        let mut client = StoreClient::connect(&addr, &auth, Duration::from_secs(5)).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        client.set("world0/addr/1", format!("{} 2", listener.local_addr().unwrap()).as_bytes()).unwrap();
+        let rank0_addr = String::from_utf8(client.get("world0/addr/0").unwrap()).unwrap();
+        let mut s = TcpStream::connect(rank0_addr.split(' ').next().unwrap()).unwrap();
+        let comm = mix(&[hash_str(auth.job()), 0, 2]);
+        auth::client(&mut s, &auth, Purpose::Link { comm, from: 1, to: 0 }, "rank 0", Duration::from_secs(5))
+            .unwrap();
+        s.write_all(&[0xAB; 200]).unwrap();
+        let err = rank0.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::Protocol { peer: 1, .. }), "{err}");
+        assert!(err.to_string().contains("not an xccl frame"), "{err}");
+    }
+}

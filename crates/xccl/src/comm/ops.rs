@@ -1,0 +1,449 @@
+//! The operations of a [`Communicator`]: point-to-point and every collective, each in a
+//! blocking form on slices and an asynchronous form on owned vectors.
+//!
+//! Asynchronous forms take the same buffers as the blocking ones, by value, and give them
+//! back from [`Work::wait`]. Arguments are checked when the call is made: a blocking call
+//! returns the error, an asynchronous one returns a `Work` that has already failed.
+
+use std::sync::Arc;
+
+use super::{Communicator, PlanArgs, p2p};
+use crate::algo::Shape;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::exec::{Bufs, P2p};
+use crate::frame::CollKind;
+use crate::reduce::ReduceOp;
+use crate::schedule::{Blocks, Buf, Region};
+use crate::work::{Completion, Work};
+
+type Plan = Result<super::Plan>;
+
+fn whole(len: usize) -> Vec<Region> {
+    vec![Region::new(Buf::Output, 0, len)]
+}
+
+fn expect(api: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::invalid(api, format!("{what} has {got} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+fn sum(counts: &[usize]) -> Result<usize> {
+    counts
+        .iter()
+        .try_fold(0usize, |a, &c| a.checked_add(c))
+        .ok_or_else(|| Error::invalid("counts", "counts overflow"))
+}
+
+impl Communicator {
+    fn plan_all_reduce<T: Element>(&self, len: usize, op: ReduceOp) -> Plan {
+        let args = PlanArgs {
+            kind: CollKind::AllReduce,
+            op: Some(op),
+            root: None,
+            count: len as u64,
+            shape: Shape::Count(len),
+            results: whole(len),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_broadcast<T: Element>(&self, len: usize, root: usize) -> Plan {
+        self.check_rank("broadcast", "root", root)?;
+        let args = PlanArgs {
+            kind: CollKind::Broadcast,
+            op: None,
+            root: Some(root),
+            count: len as u64,
+            shape: Shape::Count(len),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_reduce<T: Element>(&self, len: usize, out_len: usize, op: ReduceOp, root: usize) -> Plan {
+        self.check_rank("reduce", "root", root)?;
+        let is_root = self.rank() == root;
+        if is_root {
+            expect("reduce", "the root's output", out_len, len)?;
+        }
+        let args = PlanArgs {
+            kind: CollKind::Reduce,
+            op: Some(op),
+            root: Some(root),
+            count: len as u64,
+            shape: Shape::Count(len),
+            results: if is_root { whole(len) } else { Vec::new() },
+        };
+        self.plan::<T>(args)
+    }
+
+    pub(super) fn plan_all_gather<T: Element>(&self, block: usize, out_len: usize) -> Plan {
+        expect("all_gather", "the output", out_len, block * self.size())?;
+        let args = PlanArgs {
+            kind: CollKind::AllGather,
+            op: None,
+            root: None,
+            count: block as u64,
+            shape: Shape::Count(block),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_all_gather_v<T: Element>(&self, in_len: usize, out_len: usize, counts: &[usize]) -> Plan {
+        expect("all_gather_v", "counts", counts.len(), self.size())?;
+        expect("all_gather_v", "the input", in_len, counts[self.rank()])?;
+        expect("all_gather_v", "the output", out_len, sum(counts)?)?;
+        let args = PlanArgs {
+            kind: CollKind::AllGather,
+            op: None,
+            root: None,
+            count: u64::MAX,
+            shape: Shape::Gather(Blocks::from_counts(counts)),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_reduce_scatter<T: Element>(&self, in_len: usize, out_len: usize, op: ReduceOp) -> Plan {
+        expect("reduce_scatter", "the input", in_len, out_len * self.size())?;
+        let args = PlanArgs {
+            kind: CollKind::ReduceScatter,
+            op: Some(op),
+            root: None,
+            count: out_len as u64,
+            shape: Shape::Count(out_len),
+            results: whole(out_len),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_all_to_all<T: Element>(&self, in_len: usize, out_len: usize) -> Plan {
+        expect("all_to_all", "the output", out_len, in_len)?;
+        if in_len % self.size() != 0 {
+            let msg =
+                format!("the buffers' {in_len} elements do not split into {} equal blocks", self.size());
+            return Err(Error::invalid("all_to_all", msg));
+        }
+        let block = in_len / self.size();
+        let args = PlanArgs {
+            kind: CollKind::AllToAll,
+            op: None,
+            root: None,
+            count: block as u64,
+            shape: Shape::Count(block),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_all_to_all_v<T: Element>(
+        &self,
+        in_len: usize,
+        send: &[usize],
+        out_len: usize,
+        recv: &[usize],
+    ) -> Plan {
+        expect("all_to_all_v", "send_counts", send.len(), self.size())?;
+        expect("all_to_all_v", "recv_counts", recv.len(), self.size())?;
+        expect("all_to_all_v", "the input", in_len, sum(send)?)?;
+        expect("all_to_all_v", "the output", out_len, sum(recv)?)?;
+        let args = PlanArgs {
+            kind: CollKind::AllToAll,
+            op: None,
+            root: None,
+            count: u64::MAX,
+            shape: Shape::Exchange { send: Blocks::from_counts(send), recv: Blocks::from_counts(recv) },
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_scatter<T: Element>(&self, in_len: usize, out_len: usize, root: usize) -> Plan {
+        self.check_rank("scatter", "root", root)?;
+        if self.rank() == root {
+            expect("scatter", "the root's input", in_len, out_len * self.size())?;
+        }
+        let args = PlanArgs {
+            kind: CollKind::Scatter,
+            op: None,
+            root: Some(root),
+            count: out_len as u64,
+            shape: Shape::Count(out_len),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_gather<T: Element>(&self, in_len: usize, out_len: usize, root: usize) -> Plan {
+        self.check_rank("gather", "root", root)?;
+        if self.rank() == root {
+            expect("gather", "the root's output", out_len, in_len * self.size())?;
+        }
+        let args = PlanArgs {
+            kind: CollKind::Gather,
+            op: None,
+            root: Some(root),
+            count: in_len as u64,
+            shape: Shape::Count(in_len),
+            results: Vec::new(),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_barrier(&self) -> Plan {
+        let args = PlanArgs {
+            kind: CollKind::Barrier,
+            op: None,
+            root: None,
+            count: 0,
+            shape: Shape::Count(0),
+            results: Vec::new(),
+        };
+        self.plan::<u8>(args)
+    }
+
+    // ---- point-to-point ----
+
+    /// Sends `buf` to rank `peer` with `tag`; returns once the data has been handed to the
+    /// transport (small messages do not wait for the receiver). Messages from one rank to
+    /// another with the same tag arrive in order; a matching [`recv`](Self::recv) must ask
+    /// for the same element type and count.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.p2p_check("send", peer)?;
+        // The receive side only reads through this pointer for a send.
+        self.p2p_block(p2p(true, peer, tag, buf.as_ptr().cast_mut(), buf.len()))
+    }
+
+    /// Receives into `buf` the next message from rank `peer` with `tag`. Messages with
+    /// other tags that arrive first are kept until asked for.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.p2p_check("recv", peer)?;
+        self.p2p_block(p2p(false, peer, tag, buf.as_mut_ptr(), buf.len()))
+    }
+
+    fn p2p_spawn<T: Element>(
+        &self,
+        api: &'static str,
+        send: bool,
+        mut buf: Vec<T>,
+        peer: usize,
+        tag: u32,
+    ) -> Work<Vec<T>> {
+        if let Err(e) = self.p2p_check(api, peer) {
+            return Work::new(Completion::finished(Err(e)));
+        }
+        let msg: P2p = p2p(send, peer, tag, buf.as_mut_ptr(), buf.len());
+        let done = Arc::new(Completion::default());
+        done.keep(Box::new(buf));
+        self.inner.stream.submit_unsequenced(crate::stream::Job::P2p { msg, done: done.clone() });
+        Work::new(done)
+    }
+
+    /// Asynchronous [`send`](Self::send).
+    pub fn isend<T: Element>(&self, buf: Vec<T>, peer: usize, tag: u32) -> Work<Vec<T>> {
+        self.p2p_spawn("isend", true, buf, peer, tag)
+    }
+
+    /// Asynchronous [`recv`](Self::recv): the vector's length says how many elements to
+    /// receive.
+    pub fn irecv<T: Element>(&self, buf: Vec<T>, peer: usize, tag: u32) -> Work<Vec<T>> {
+        self.p2p_spawn("irecv", false, buf, peer, tag)
+    }
+
+    // ---- collectives ----
+
+    /// Replaces `buf` on every rank with the reduction of all ranks' `buf` by `op`.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.block(self.plan_all_reduce::<T>(buf.len(), op), Bufs::in_place(buf))
+    }
+
+    /// Out-of-place [`all_reduce`](Self::all_reduce): `output` gets the reduction of all
+    /// ranks' `input`.
+    pub fn all_reduce_into<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        expect("all_reduce_into", "the output", output.len(), input.len())?;
+        self.block(self.plan_all_reduce::<T>(input.len(), op), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_reduce`](Self::all_reduce).
+    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        let plan = self.plan_all_reduce::<T>(buf.len(), op);
+        let bufs = Bufs::in_place(&mut buf);
+        self.spawn(plan, bufs, buf)
+    }
+
+    /// Copies the root's `buf` into every other rank's `buf` (all the same length).
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.block(self.plan_broadcast::<T>(buf.len(), root), Bufs::in_place(buf))
+    }
+
+    /// Asynchronous [`broadcast`](Self::broadcast).
+    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+        let plan = self.plan_broadcast::<T>(buf.len(), root);
+        let bufs = Bufs::in_place(&mut buf);
+        self.spawn(plan, bufs, buf)
+    }
+
+    /// Reduces every rank's `input` by `op` into the root's `output` (same length). Other
+    /// ranks' `output` is not touched and may be empty.
+    pub fn reduce<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.block(self.plan_reduce::<T>(input.len(), output.len(), op, root), Bufs::pair(input, output))
+    }
+
+    /// In-place [`reduce`](Self::reduce): the root's `buf` is replaced by the reduction;
+    /// other ranks' `buf` is left as it was.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let plan = self.plan_reduce::<T>(buf.len(), buf.len(), op, root);
+        self.block(plan, Bufs::in_place(buf))
+    }
+
+    /// Asynchronous [`reduce`](Self::reduce); gives back `(input, output)`.
+    pub fn reduce_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_reduce::<T>(input.len(), output.len(), op, root);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Concatenates every rank's `input` (all the same length) in rank order into every
+    /// rank's `output` (`size()` times as long).
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.block(self.plan_all_gather::<T>(input.len(), output.len()), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_gather`](Self::all_gather); gives back `(input, output)`.
+    pub fn all_gather_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_all_gather::<T>(input.len(), output.len());
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// [`all_gather`](Self::all_gather) with uneven inputs: rank `i` contributes
+    /// `counts[i]` elements, and every rank passes the same `counts`.
+    pub fn all_gather_v<T: Element>(&self, input: &[T], output: &mut [T], counts: &[usize]) -> Result<()> {
+        self.block(self.plan_all_gather_v::<T>(input.len(), output.len(), counts), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_gather_v`](Self::all_gather_v); gives back `(input, output)`.
+    pub fn all_gather_v_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        counts: &[usize],
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_all_gather_v::<T>(input.len(), output.len(), counts);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Reduces every rank's `input` (`size()` blocks of `output.len()` elements) by `op`;
+    /// rank `i` gets block `i` of the result in `output`.
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.block(self.plan_reduce_scatter::<T>(input.len(), output.len(), op), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`reduce_scatter`](Self::reduce_scatter); gives back `(input, output)`.
+    pub fn reduce_scatter_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_reduce_scatter::<T>(input.len(), output.len(), op);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Block `j` of rank `i`'s `input` becomes block `i` of rank `j`'s `output`; both
+    /// buffers hold `size()` equal blocks.
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.block(self.plan_all_to_all::<T>(input.len(), output.len()), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_to_all`](Self::all_to_all); gives back `(input, output)`.
+    pub fn all_to_all_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_all_to_all::<T>(input.len(), output.len());
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// [`all_to_all`](Self::all_to_all) with uneven blocks: `send_counts[j]` elements go to
+    /// rank `j`, `recv_counts[j]` come from rank `j` (and must equal what rank `j` sends).
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        input: &[T],
+        send_counts: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let plan = self.plan_all_to_all_v::<T>(input.len(), send_counts, output.len(), recv_counts);
+        self.block(plan, Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_to_all_v`](Self::all_to_all_v); gives back `(input, output)`.
+    pub fn all_to_all_v_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        send_counts: &[usize],
+        mut output: Vec<T>,
+        recv_counts: &[usize],
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_all_to_all_v::<T>(input.len(), send_counts, output.len(), recv_counts);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Splits the root's `input` (`size()` blocks of `output.len()` elements) so that rank
+    /// `i` gets block `i` in `output`. Only the root's `input` is read (others may be empty).
+    pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
+        self.block(self.plan_scatter::<T>(input.len(), output.len(), root), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`scatter`](Self::scatter); gives back `(input, output)`.
+    pub fn scatter_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        root: usize,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_scatter::<T>(input.len(), output.len(), root);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Concatenates every rank's `input` in rank order into the root's `output`. Only the
+    /// root's `output` is written (others may be empty).
+    pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: usize) -> Result<()> {
+        self.block(self.plan_gather::<T>(input.len(), output.len(), root), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`gather`](Self::gather); gives back `(input, output)`.
+    pub fn gather_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        root: usize,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_gather::<T>(input.len(), output.len(), root);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// Returns once every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.block(self.plan_barrier(), Bufs::in_place::<u8>(&mut []))
+    }
+
+    /// Asynchronous [`barrier`](Self::barrier).
+    pub fn barrier_async(&self) -> Work<()> {
+        self.spawn(self.plan_barrier(), Bufs::in_place::<u8>(&mut []), ())
+    }
+}

@@ -1,0 +1,114 @@
+//! Settings of a communicator, from `XCCL_*` environment variables.
+
+use std::time::Duration;
+
+use crate::algo::AlgoOverrides;
+use crate::error::{Error, Result};
+
+/// How a communicator behaves. [`Config::from_env`] reads:
+///
+/// | variable | meaning | default |
+/// |---|---|---|
+/// | `XCCL_TIMEOUT` | seconds an operation may wait without progress | 300 |
+/// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none |
+/// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
+/// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Longest wait without progress before an operation fails.
+    pub timeout: Duration,
+    /// Algorithm overrides per collective.
+    pub algos: AlgoOverrides,
+    /// Largest frame payload on socket links, in bytes.
+    pub tcp_segment: usize,
+    /// Most bytes of point-to-point messages kept before a matching receive is posted.
+    pub max_unexpected: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(300),
+            algos: AlgoOverrides::default(),
+            tcp_segment: 1 << 20,
+            max_unexpected: 256 << 20,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by the `XCCL_*` variables of this process.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Defaults overridden by the variables `lookup` finds.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = lookup("XCCL_TIMEOUT") {
+            let secs: f64 =
+                v.trim().parse().ok().filter(|s: &f64| s.is_finite() && *s > 0.0).ok_or_else(|| {
+                    Error::Config(format!("XCCL_TIMEOUT='{v}' is not a positive number of seconds"))
+                })?;
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = lookup("XCCL_ALGO") {
+            c.algos = AlgoOverrides::parse(&v)?;
+        }
+        if let Some(v) = lookup("XCCL_SEGMENT_BYTES") {
+            c.tcp_segment = parse_bytes("XCCL_SEGMENT_BYTES", &v, 4 << 10, crate::frame::MAX_PAYLOAD)?;
+        }
+        if let Some(v) = lookup("XCCL_MAX_UNEXPECTED_BYTES") {
+            c.max_unexpected = parse_bytes("XCCL_MAX_UNEXPECTED_BYTES", &v, 0, usize::MAX)?;
+        }
+        Ok(c)
+    }
+}
+
+/// Parses `1048576`, `64K`, `1M`, `2G` within `[min, max]`.
+pub fn parse_bytes(name: &str, v: &str, min: usize, max: usize) -> Result<usize> {
+    let t = v.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|d| d.checked_mul(mult))
+        .filter(|b| (min..=max).contains(b))
+        .ok_or_else(|| Error::Config(format!("{name}='{v}' is not a byte count between {min} and {max}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Config> {
+        let pairs: Vec<(String, String)> =
+            pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Config::from_lookup(|k| pairs.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone()))
+    }
+
+    #[test]
+    fn reads_and_validates_variables() {
+        let c = with(&[("XCCL_TIMEOUT", "2.5"), ("XCCL_SEGMENT_BYTES", "64K")]).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.tcp_segment, 64 << 10);
+        assert!(with(&[("XCCL_TIMEOUT", "soon")]).unwrap_err().to_string().contains("XCCL_TIMEOUT"));
+        assert!(with(&[("XCCL_TIMEOUT", "-1")]).is_err());
+        assert!(with(&[("XCCL_SEGMENT_BYTES", "1")]).is_err());
+        assert!(with(&[("XCCL_ALGO", "allreduce:nope")]).is_err());
+        assert_eq!(with(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn byte_counts_accept_suffixes() {
+        assert_eq!(parse_bytes("X", "3M", 0, usize::MAX).unwrap(), 3 << 20);
+        assert_eq!(parse_bytes("X", "17", 0, usize::MAX).unwrap(), 17);
+        assert!(parse_bytes("X", "M", 0, usize::MAX).is_err());
+        assert!(parse_bytes("X", "99999999999999999999G", 0, usize::MAX).is_err());
+    }
+}

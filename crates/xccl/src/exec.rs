@@ -1,0 +1,1244 @@
+//! The executor: runs any [`Program`] (or a batch of point-to-point messages) over any
+//! [`Links`].
+//!
+//! A step is run by one loop. Each pass writes as many outgoing frames as the links accept
+//! and the step's ordering rule allows, reads and places (or reduces) as many incoming bytes
+//! as have arrived, and runs local copies; when a pass makes no progress the loop sleeps on
+//! the links until something changes. Messages are cut into segments of at most `seg` bytes,
+//! so a rank reduces segment `k` while its peer is already sending segment `k + 1`, and a
+//! forwarding rank passes segment `k` on while segment `k + 1` is still arriving.
+//!
+//! Progress is measured per operation in bytes done from the start of its region. Op `j`
+//! may touch byte `b` of its region once every earlier conflicting op of the step has done
+//! `b` bytes of an identical region (or has finished, for a merely overlapping one).
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::time::{Duration, Instant};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::frame::{self, CollKind, FrameKind, HEADER_LEN, Header, OpDesc};
+use crate::reduce::{self, ReduceOp};
+use crate::schedule::{Buf, Op, Program, Region};
+use crate::transport::{Closed, Farewell, Interest, Links, PeerAborted};
+
+/// The caller's buffers of one collective, as raw byte ranges.
+///
+/// The memory must stay valid, and untouched by anyone else, until the operation that
+/// received these buffers has completed.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Bufs {
+    pub input: *const u8,
+    pub input_len: usize,
+    pub output: *mut u8,
+    pub output_len: usize,
+}
+
+/// One point-to-point message of a batch.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct P2p {
+    pub send: bool,
+    pub peer: usize,
+    pub tag: u32,
+    pub dtype: DType,
+    /// The message (read for sends, written for receives), valid as for [`Bufs`].
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// The source of a point-to-point batch: messages as they are issued, and where to report
+/// each one's completion (by its index in the order fetched).
+pub(crate) trait P2pFeed {
+    /// Appends the messages issued since the last call.
+    fn fetch(&mut self, into: &mut Vec<P2p>);
+    /// Message `index` has completed successfully.
+    fn complete(&mut self, index: usize);
+}
+
+/// A byte range in memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Span {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Span {
+    fn overlaps(&self, other: &Span) -> bool {
+        let (a, b) = (self.ptr as usize, other.ptr as usize);
+        a < b + other.len && b < a + self.len
+    }
+
+    /// Bytes `[from, to)` of the span, shared.
+    ///
+    /// # Safety
+    /// The span must be valid memory, and no mutable view of these bytes may be alive.
+    unsafe fn bytes<'a>(&self, from: usize, to: usize) -> &'a [u8] {
+        debug_assert!(from <= to && to <= self.len);
+        // SAFETY: forwarded to the caller.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(from), to - from) }
+    }
+
+    /// Bytes `[from, to)` of the span, exclusive.
+    ///
+    /// # Safety
+    /// The span must be valid, writable memory, and no other view of these bytes may be alive.
+    unsafe fn bytes_mut<'a>(&self, from: usize, to: usize) -> &'a mut [u8] {
+        debug_assert!(from <= to && to <= self.len);
+        // SAFETY: forwarded to the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(from), to - from) }
+    }
+}
+
+/// What an operation is, with its memory resolved.
+#[derive(Copy, Clone, Debug)]
+enum Act {
+    Send { peer: usize },
+    Recv { peer: usize, with: Option<Span> },
+    Copy { src: Span },
+}
+
+/// How an operation's messages are labelled on the wire.
+#[derive(Copy, Clone, Debug)]
+enum Label {
+    /// The `msg`-th message between this pair of ranks in this step of a collective.
+    Coll { msg: u32 },
+    /// A point-to-point message.
+    P2p { tag: u32, dtype: DType, seq: u64 },
+}
+
+struct Task {
+    act: Act,
+    /// Sends read it; receives and copies write it.
+    span: Span,
+    label: Label,
+    done: usize,
+    complete: bool,
+    /// A point-to-point receive already bound to an incoming message.
+    bound: bool,
+    /// Earlier tasks this one must follow: (index, segment by segment?).
+    deps: Vec<(usize, bool)>,
+    /// Its completion was reported to the feed.
+    reported: bool,
+}
+
+impl Task {
+    fn new(act: Act, span: Span, label: Label) -> Task {
+        Task { act, span, label, done: 0, complete: false, bound: false, deps: Vec::new(), reported: false }
+    }
+
+    fn reads(&self) -> Vec<Span> {
+        match self.act {
+            Act::Send { .. } => vec![self.span],
+            Act::Recv { with, .. } => with.into_iter().collect(),
+            Act::Copy { src } => vec![src],
+        }
+    }
+
+    fn writes(&self) -> Option<Span> {
+        match self.act {
+            Act::Send { .. } => None,
+            Act::Recv { .. } | Act::Copy { .. } => Some(self.span),
+        }
+    }
+}
+
+/// An outgoing frame being written.
+struct OutFrame {
+    task: usize,
+    header: [u8; HEADER_LEN],
+    payload: Span,
+    written: usize,
+}
+
+impl OutFrame {
+    fn total(&self) -> usize {
+        HEADER_LEN + self.payload.len + frame::pad_for(self.payload.len)
+    }
+}
+
+/// Where the payload of an incoming frame goes.
+#[derive(Copy, Clone, Debug)]
+enum Target {
+    Task(usize),
+    /// A point-to-point message nobody has asked for yet: kept in `Engine::stash`.
+    Stash(usize),
+    /// The reason of an abort frame.
+    Reason,
+}
+
+/// Reading state of one incoming stream, kept across operations.
+#[derive(Clone, Debug, Default)]
+enum Inbound {
+    #[default]
+    Idle,
+    Header {
+        buf: [u8; HEADER_LEN],
+        have: usize,
+    },
+    Payload {
+        target: Target,
+        remaining: usize,
+        pad: usize,
+    },
+    Pad {
+        remaining: usize,
+    },
+}
+
+/// A point-to-point message that arrived before its receive was posted.
+struct Stashed {
+    peer: usize,
+    tag: u32,
+    dtype: DType,
+    seq: u64,
+    data: Vec<u8>,
+    filled: usize,
+}
+
+/// How the executor behaves; fixed per communicator.
+#[derive(Clone, Debug)]
+pub(crate) struct Tuning {
+    /// Largest frame payload in bytes.
+    pub seg: usize,
+    /// Longest wait without progress before an operation fails.
+    pub timeout: Duration,
+    /// Most bytes of unexpected point-to-point messages kept at once.
+    pub max_stash: usize,
+}
+
+/// One rank's executor in one communicator: its links and all state that outlives a step.
+pub(crate) struct Engine {
+    rank: usize,
+    nranks: usize,
+    comm: u64,
+    links: Links,
+    tuning: Tuning,
+    inbound: Vec<Inbound>,
+    /// Partial point-to-point message per peer: where its further frames go.
+    continuing: Vec<Option<Target>>,
+    out: Vec<Option<OutFrame>>,
+    scratch: Vec<u64>,
+    stash: Vec<Stashed>,
+    stash_bytes: usize,
+    abort_reason: Vec<u8>,
+    /// The rank named by the abort notice being read.
+    abort_origin: usize,
+    p2p_sent: Vec<u64>,
+    dead: Option<Error>,
+    /// The last collectives this rank ran, newest last: a frame of an earlier sequence
+    /// number is then reported against what this rank called under that number.
+    history: VecDeque<OpDesc>,
+}
+
+/// Collectives remembered in `Engine::history`.
+const HISTORY: usize = 32;
+
+/// How long an aborting rank tries to finish half-written frames so that its abort notice
+/// can follow them.
+const ABORT_PATIENCE: Duration = Duration::from_millis(200);
+
+// SAFETY: the raw pointers in `out` frames point into buffers of the operation being run,
+// which the submitter keeps valid until the operation completes; frames never outlive it.
+unsafe impl Send for Engine {}
+
+/// What the step is part of, for labels, checks and messages.
+#[derive(Copy, Clone)]
+enum Ctx<'a> {
+    Coll { desc: &'a OpDesc, step: u32 },
+    P2p,
+}
+
+impl Ctx<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Ctx::Coll { desc, .. } => desc.to_string(),
+            Ctx::P2p => "send/recv".to_string(),
+        }
+    }
+
+    fn combine(&self) -> Option<(DType, ReduceOp)> {
+        match self {
+            Ctx::Coll { desc, .. } => desc.op.map(|op| (desc.dtype, op)),
+            Ctx::P2p => None,
+        }
+    }
+}
+
+/// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
+fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
+    match e.get_ref().and_then(|inner| inner.downcast_ref::<PeerAborted>()) {
+        Some(a) => Error::RemoteAbort { op, peer, origin: a.origin, reason: a.reason.clone() },
+        None => Error::PeerLost { op, peer, detail: e.to_string() },
+    }
+}
+
+impl Engine {
+    pub fn new(rank: usize, nranks: usize, comm: u64, links: Links, tuning: Tuning) -> Engine {
+        Engine {
+            rank,
+            nranks,
+            comm,
+            links,
+            tuning,
+            inbound: vec![Inbound::Idle; nranks],
+            continuing: vec![None; nranks],
+            out: (0..nranks).map(|_| None).collect(),
+            scratch: Vec::new(),
+            stash: Vec::new(),
+            stash_bytes: 0,
+            abort_reason: Vec::new(),
+            abort_origin: 0,
+            p2p_sent: vec![0; nranks],
+            dead: None,
+            history: VecDeque::with_capacity(HISTORY),
+        }
+    }
+
+    /// A waker for this engine's waits.
+    pub fn waker(&self) -> crate::transport::Waker {
+        self.links.waker()
+    }
+
+    /// The error that killed this communicator, if one did.
+    pub fn dead(&self) -> Option<&Error> {
+        self.dead.as_ref()
+    }
+
+    /// Fails every operation from now on with `err`, and tells the peers.
+    pub fn fail(&mut self, err: Error) {
+        self.abort(&err);
+    }
+
+    fn abort(&mut self, err: &Error) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.dead = Some(err.clone());
+        // A notice can only follow a complete frame: finish half-written ones first (their
+        // buffers are still those of the failing operation), giving up after a moment.
+        self.finish_frames(Instant::now() + ABORT_PATIENCE);
+        let mid: Vec<bool> = self.out.iter().map(Option::is_some).collect();
+        // Relay news from elsewhere unchanged; otherwise the failure began here or at the
+        // peer the error blames.
+        let farewell = match err {
+            Error::RemoteAbort { origin, reason, .. } => {
+                Farewell::Abort { origin: *origin, reason: reason.clone() }
+            }
+            other => Farewell::Abort {
+                origin: other.culprit().unwrap_or(self.rank),
+                reason: format!("rank {}: {other}", self.rank),
+            },
+        };
+        self.links.close_all(&farewell, &mid, Duration::ZERO);
+    }
+
+    /// Writes the rest of every half-written outgoing frame, until `deadline`. Frames on
+    /// broken links stay half-written (so no notice is attempted there).
+    fn finish_frames(&mut self, deadline: Instant) {
+        let mut broken = vec![false; self.nranks];
+        loop {
+            let token = self.links.token();
+            let mut want = vec![Interest::default(); self.nranks];
+            for peer in 0..self.nranks {
+                if broken[peer] {
+                    continue;
+                }
+                let Some(f) = self.out[peer].as_mut() else {
+                    continue;
+                };
+                let Ok(link) = self.links.link(peer) else {
+                    continue;
+                };
+                let pad = [0u8; 8];
+                let total = f.total();
+                let mut parts = Vec::with_capacity(3);
+                if f.written < HEADER_LEN {
+                    parts.push(IoSlice::new(&f.header[f.written..]));
+                }
+                let body = f.written.saturating_sub(HEADER_LEN);
+                if body < f.payload.len {
+                    // SAFETY: as in `pump_out`: the failing operation's buffers are valid until
+                    // it returns, which is after this.
+                    parts.push(IoSlice::new(unsafe { f.payload.bytes(body, f.payload.len) }));
+                }
+                parts.push(IoSlice::new(&pad[..total - f.written.max(HEADER_LEN + f.payload.len)]));
+                match link.write(&parts) {
+                    Ok(n) => f.written += n,
+                    Err(_) => broken[peer] = true,
+                }
+                if f.written == total {
+                    self.out[peer] = None;
+                }
+                want[peer].write = self.out[peer].is_some() && !broken[peer];
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if want.iter().all(|w| !w.write) || left.is_zero() {
+                return;
+            }
+            let _ = self.links.wait(&want, token, left.min(Duration::from_millis(10)));
+        }
+    }
+
+    /// The recent collectives, oldest first, for error reports.
+    fn recent(&self) -> String {
+        self.history.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+
+    /// Closes the links cleanly (after the last operation).
+    pub fn close(&mut self, farewell: Farewell) {
+        if self.dead.is_some() {
+            return;
+        }
+        let mid: Vec<bool> = self.out.iter().map(Option::is_some).collect();
+        self.links.close_all(&farewell, &mid, Duration::from_secs(2));
+        self.dead = Some(Error::Internal("communicator used after it was closed".into()));
+    }
+
+    /// Fails if the communicator is dead, or if a peer is known to have failed: no new
+    /// operation starts after that.
+    fn check_alive(&self, op: impl Fn() -> String) -> Result<()> {
+        if let Some(e) = &self.dead {
+            return Err(Error::Aborted(Box::new(e.clone())));
+        }
+        match self.links.first_failed() {
+            Some((peer, Closed::Aborted { origin, reason })) => {
+                Err(Error::RemoteAbort { op: op(), peer, origin: *origin, reason: reason.clone() })
+            }
+            Some((peer, Closed::Vanished(detail))) => {
+                Err(Error::PeerLost { op: op(), peer, detail: detail.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes a lost-peer error as informative as the links allow: a peer that left an abort
+    /// notice aborted (and says why); a peer that merely hung up may have been brought down by
+    /// others that vanished first.
+    fn explain(&mut self, e: Error) -> Error {
+        let Error::PeerLost { op, peer, detail } = e else { return e };
+        // The broken link may still hold the peer's last word, unread.
+        if matches!(self.inbound[peer], Inbound::Idle) {
+            self.links.probe(peer);
+        }
+        if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer) {
+            return Error::RemoteAbort { op, peer, origin: *origin, reason: reason.clone() };
+        }
+        let vanished: Vec<String> = (0..self.nranks)
+            .filter(|&q| q != peer && matches!(self.links.gone(q), Some(Closed::Vanished(_))))
+            .map(|q| format!("rank {q}"))
+            .collect();
+        let detail = if vanished.is_empty() {
+            detail
+        } else {
+            format!("{detail}; before it, {} vanished", vanished.join(", "))
+        };
+        Error::PeerLost { op, peer, detail }
+    }
+
+    /// Runs a collective's program; `results` are the regions that hold this rank's final
+    /// reduced values (finalised for `Avg`).
+    pub fn collective(
+        &mut self,
+        desc: &OpDesc,
+        prog: &Program,
+        bufs: &Bufs,
+        results: &[Region],
+    ) -> Result<()> {
+        self.check_alive(|| desc.to_string())?;
+        let res = self.run_program(desc, prog, bufs, results).map_err(|e| self.explain(e));
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(*desc);
+        if let Err(e) = &res {
+            tracing::error!(rank = self.rank, comm = self.comm, "{e}; recent operations: {}", self.recent());
+            self.abort(e);
+        }
+        res
+    }
+
+    fn run_program(&mut self, desc: &OpDesc, prog: &Program, bufs: &Bufs, results: &[Region]) -> Result<()> {
+        let esize = desc.dtype.size();
+        prog.check(self.rank, self.nranks, bufs.input_len / esize, bufs.output_len / esize)
+            .map_err(|e| Error::Internal(format!("{desc}: bad schedule: {e}")))?;
+        let words = (prog.scratch * esize).div_ceil(8);
+        if self.scratch.len() < words {
+            self.scratch.resize(words, 0);
+        }
+        let scratch = self.scratch.as_mut_ptr().cast::<u8>();
+        let span = |r: &Region| {
+            let base = match r.buf {
+                Buf::Input => bufs.input.cast_mut(),
+                Buf::Output => bufs.output,
+                Buf::Scratch => scratch,
+            };
+            // SAFETY: `Program::check` above proved the region lies inside its buffer.
+            Span { ptr: unsafe { base.add(r.off * esize) }, len: r.len * esize }
+        };
+        for (s, step) in prog.steps.iter().enumerate() {
+            let mut msgs = vec![(0u32, 0u32); self.nranks];
+            let tasks = step
+                .ops
+                .iter()
+                .map(|op| {
+                    let (act, region, label) = match *op {
+                        Op::Send { peer, src } => {
+                            msgs[peer].0 += 1;
+                            (Act::Send { peer }, src, Label::Coll { msg: msgs[peer].0 - 1 })
+                        }
+                        Op::Recv { peer, dst, with } => {
+                            msgs[peer].1 += 1;
+                            let act = Act::Recv { peer, with: with.map(|w| span(&w)) };
+                            (act, dst, Label::Coll { msg: msgs[peer].1 - 1 })
+                        }
+                        Op::Copy { src, dst } => (Act::Copy { src: span(&src) }, dst, Label::Coll { msg: 0 }),
+                    };
+                    Task::new(act, span(&region), label)
+                })
+                .collect();
+            self.run_step(Ctx::Coll { desc, step: s as u32 }, tasks, None)?;
+        }
+        if let Some(op) = desc.op {
+            for r in results {
+                let sp = span(r);
+                // SAFETY: the region is inside its buffer (checked above) and every task of
+                // the program has finished, so nothing else views this memory.
+                reduce::finalize(desc.dtype, op, unsafe { sp.bytes_mut(0, sp.len) }, self.nranks)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs point-to-point messages from `feed` concurrently, taking in those issued
+    /// meanwhile, until every message taken has completed and none is waiting.
+    pub fn p2p(&mut self, feed: &mut dyn P2pFeed) -> Result<()> {
+        self.check_alive(|| "send/recv".to_string())?;
+        let tasks = Vec::new();
+        let res = self.run_step(Ctx::P2p, tasks, Some(feed)).map_err(|e| self.explain(e));
+        if let Err(e) = &res {
+            self.abort(e);
+        }
+        res
+    }
+
+    /// Runs a step to completion. With a `feed` (point-to-point batches), operations issued
+    /// while it runs join it, and each one's completion is reported as it happens.
+    fn run_step(&mut self, ctx: Ctx<'_>, tasks: Vec<Task>, mut feed: Option<&mut dyn P2pFeed>) -> Result<()> {
+        let mut run = StepRun::new(ctx, self.nranks);
+        for t in tasks {
+            run.push(t)?;
+        }
+        for peer in 0..self.nranks {
+            for i in run.recvs[peer].clone() {
+                self.claim_stashed(&mut run, i)?;
+            }
+        }
+        let mut reported = 0;
+        let mut last_progress = Instant::now();
+        loop {
+            let token = self.links.token();
+            let mut progress = false;
+            if let Some(feed) = feed.as_deref_mut() {
+                progress |= self.take_issued(&mut run, feed)?;
+            }
+            progress |= run.local_copies();
+            for peer in 0..self.nranks {
+                progress |= self.pump_out(&mut run, peer)?;
+                progress |= self.pump_in(&mut run, peer)?;
+            }
+            if let Some(feed) = feed.as_deref_mut() {
+                // Messages complete in any order; report each once.
+                for (i, t) in run.tasks.iter().enumerate().skip(reported) {
+                    if t.complete && !t.reported {
+                        feed.complete(i);
+                    }
+                }
+                for t in run.tasks.iter_mut().skip(reported) {
+                    t.reported |= t.complete;
+                }
+                while run.tasks.get(reported).is_some_and(|t| t.reported) {
+                    reported += 1;
+                }
+            }
+            if run.tasks.iter().all(|t| t.complete) {
+                // A batch ends when everything taken has completed and nothing new came.
+                let more = match feed.as_deref_mut() {
+                    Some(feed) => self.take_issued(&mut run, feed)?,
+                    None => false,
+                };
+                if !more {
+                    return Ok(());
+                }
+                continue;
+            }
+            if progress {
+                last_progress = Instant::now();
+                continue;
+            }
+            let want = self.interest(&run);
+            if want.iter().all(|w| !w.read && !w.write) {
+                return Err(Error::Internal(format!("{}: step stalled with nothing to wait for", run.op())));
+            }
+            let idle_for = last_progress.elapsed();
+            if idle_for >= self.tuning.timeout {
+                return Err(self.timeout_error(&run, idle_for));
+            }
+            let nap = (self.tuning.timeout - idle_for).min(Duration::from_secs(1));
+            let gone = self
+                .links
+                .wait(&want, token, nap)
+                .map_err(|e| Error::io(format!("{}: waiting", run.op()), e))?;
+            // A peer that ended is not fatal yet: what it sent before may be all this step
+            // needs. Reading past its last byte, or writing to it, fails at once.
+            drop(gone);
+        }
+    }
+
+    fn interest(&self, run: &StepRun<'_>) -> Vec<Interest> {
+        (0..self.nranks)
+            .map(|peer| {
+                let write = self.out[peer].is_some()
+                    || run.next_send(peer).is_some_and(|i| run.send_ready(i, self.tuning.seg) > 0);
+                let read = match &self.inbound[peer] {
+                    Inbound::Idle => run.expects_from(peer),
+                    Inbound::Header { .. } | Inbound::Pad { .. } => true,
+                    Inbound::Payload { target: Target::Task(i), .. } => run.limit(*i) > run.tasks[*i].done,
+                    Inbound::Payload { .. } => true,
+                };
+                Interest { read, write, idle: matches!(self.inbound[peer], Inbound::Idle) }
+            })
+            .collect()
+    }
+
+    fn timeout_error(&self, run: &StepRun<'_>, idle_for: Duration) -> Error {
+        let mut silent = Vec::new();
+        let mut deaf = Vec::new();
+        for t in run.tasks.iter().filter(|t| !t.complete) {
+            match t.act {
+                Act::Recv { peer, .. } => {
+                    silent.push(format!("rank {peer} ({} of {} bytes received)", t.done, t.span.len))
+                }
+                Act::Send { peer } => {
+                    deaf.push(format!("rank {peer} ({} of {} bytes sent)", t.done, t.span.len))
+                }
+                Act::Copy { .. } => {}
+            }
+        }
+        let mut detail = String::new();
+        if !silent.is_empty() {
+            detail += &format!("not heard from {}", silent.join(", "));
+        }
+        if !deaf.is_empty() {
+            if !detail.is_empty() {
+                detail += "; ";
+            }
+            detail += &format!("not read by {}", deaf.join(", "));
+        }
+        Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail }
+    }
+
+    /// Writes frames to `peer` while the link takes them; true if anything moved.
+    fn pump_out(&mut self, run: &mut StepRun<'_>, peer: usize) -> Result<bool> {
+        let mut progress = false;
+        loop {
+            if self.out[peer].is_none() {
+                let Some(i) = run.next_send(peer) else { break };
+                let ready = run.send_ready(i, self.tuning.seg);
+                // An empty message still goes out, as a bare header.
+                if ready == 0 && run.tasks[i].span.len > 0 {
+                    break;
+                }
+                if let Some(how) = self.links.gone(peer) {
+                    let detail =
+                        format!("it ended its communicator ({how:?}) before this rank sent it everything");
+                    return Err(Error::PeerLost { op: run.op(), peer, detail });
+                }
+                self.out[peer] = Some(self.frame_for(run, i, ready));
+            }
+            let f = self.out[peer].as_mut().expect("frame present");
+            let pad = [0u8; 8];
+            let plen = f.payload.len;
+            let mut parts = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+            let mut n = 0;
+            let mut at = f.written;
+            if at < HEADER_LEN {
+                parts[n] = IoSlice::new(&f.header[at..]);
+                n += 1;
+                at = HEADER_LEN;
+            }
+            if at < HEADER_LEN + plen {
+                // SAFETY: the payload lies in a buffer of the running operation and, by the
+                // step's ordering rule, nothing writes these bytes until the frame is done.
+                parts[n] = IoSlice::new(unsafe { f.payload.bytes(at - HEADER_LEN, plen) });
+                n += 1;
+                at = HEADER_LEN + plen;
+            }
+            let total = f.total();
+            if at < total {
+                parts[n] = IoSlice::new(&pad[..total - at]);
+                n += 1;
+            }
+            let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+            let wrote = link.write(&parts[..n]).map_err(|e| lost(run.op(), peer, e))?;
+            if wrote == 0 {
+                break;
+            }
+            progress = true;
+            f.written += wrote;
+            if f.written == total {
+                let task = &mut run.tasks[f.task];
+                task.done += plen;
+                task.complete = task.done == task.span.len;
+                self.out[peer] = None;
+            }
+        }
+        Ok(progress)
+    }
+
+    /// The next frame of send task `i`, carrying `len` bytes.
+    fn frame_for(&self, run: &StepRun<'_>, i: usize, len: usize) -> OutFrame {
+        let t = &run.tasks[i];
+        let mut h = match (run.ctx, t.label) {
+            (Ctx::Coll { desc, step }, Label::Coll { msg }) => Header::data(self.comm, desc, step, msg),
+            (_, Label::P2p { tag, dtype, seq }) => {
+                let mut h = Header::control(FrameKind::Data, self.comm, 0);
+                h.seq = seq;
+                h.step = tag;
+                h.dtype = dtype;
+                h.count = (t.span.len / dtype.size()) as u64;
+                h
+            }
+            (Ctx::P2p, Label::Coll { .. }) => {
+                unreachable!("collective task in a point-to-point batch")
+            }
+        };
+        h.total = t.span.len as u64;
+        h.offset = t.done as u64;
+        h.len = len as u32;
+        // SAFETY: `done + len <= span.len`, so the payload stays inside the task's span.
+        let payload = Span { ptr: unsafe { t.span.ptr.add(t.done) }, len };
+        OutFrame { task: i, header: h.encode(), payload, written: 0 }
+    }
+
+    /// Reads from `peer` while bytes arrive and have somewhere to go; true if anything moved.
+    fn pump_in(&mut self, run: &mut StepRun<'_>, peer: usize) -> Result<bool> {
+        let mut progress = false;
+        loop {
+            let moved = match std::mem::take(&mut self.inbound[peer]) {
+                Inbound::Idle => {
+                    if !run.expects_from(peer) {
+                        false
+                    } else {
+                        self.inbound[peer] = Inbound::Header { buf: [0; HEADER_LEN], have: 0 };
+                        true
+                    }
+                }
+                Inbound::Header { mut buf, mut have } => {
+                    let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+                    let n = link.read(&mut buf[have..]).map_err(|e| lost(run.op(), peer, e))?;
+                    have += n;
+                    if have == HEADER_LEN {
+                        self.inbound[peer] = self.on_header(run, peer, &buf)?;
+                    } else {
+                        self.inbound[peer] = Inbound::Header { buf, have };
+                    }
+                    n > 0
+                }
+                Inbound::Payload { target, remaining, pad } => {
+                    let n = self.read_payload(run, peer, target, remaining)?;
+                    self.inbound[peer] = if n < remaining {
+                        Inbound::Payload { target, remaining: remaining - n, pad }
+                    } else {
+                        self.payload_done(run, peer, target)?;
+                        if pad > 0 { Inbound::Pad { remaining: pad } } else { Inbound::Idle }
+                    };
+                    n > 0
+                }
+                Inbound::Pad { remaining } => {
+                    let mut sink = [0u8; 8];
+                    let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+                    let n = link.read(&mut sink[..remaining]).map_err(|e| lost(run.op(), peer, e))?;
+                    self.inbound[peer] = if n == remaining {
+                        Inbound::Idle
+                    } else {
+                        Inbound::Pad { remaining: remaining - n }
+                    };
+                    n > 0
+                }
+            };
+            if !moved {
+                break;
+            }
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Checks a complete header and decides where its payload goes.
+    fn on_header(&mut self, run: &mut StepRun<'_>, peer: usize, buf: &[u8; HEADER_LEN]) -> Result<Inbound> {
+        let ctx = run.ctx;
+        let protocol = |detail: String| Error::Protocol { op: ctx.describe(), peer, detail };
+        let h = Header::decode(buf).map_err(protocol)?;
+        if h.comm != self.comm {
+            return Err(protocol(format!(
+                "frame of communicator {:#x} on a link of communicator {:#x}",
+                h.comm, self.comm
+            )));
+        }
+        let len = h.len as usize;
+        let pad = frame::pad_for(len);
+        let target = match h.kind {
+            FrameKind::Goodbye => {
+                return Err(Error::PeerLost {
+                    op: ctx.describe(),
+                    peer,
+                    detail: "it closed its communicator while this rank still expected data from it \
+                             (did it issue fewer operations?)"
+                        .into(),
+                });
+            }
+            FrameKind::Abort => {
+                self.abort_reason.clear();
+                self.abort_origin = h.root as usize;
+                Target::Reason
+            }
+            FrameKind::Data if h.coll == CollKind::SendRecv => self.route_p2p(run, peer, &h)?,
+            FrameKind::Data => {
+                let Ctx::Coll { desc, step } = run.ctx else {
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        local: "send/recv (a point-to-point receive from it)".into(),
+                        peer,
+                        remote: h.describe(),
+                    });
+                };
+                if !h.matches(desc) {
+                    // A frame of an earlier operation: compare with what this rank ran then.
+                    let ours = self
+                        .history
+                        .iter()
+                        .rev()
+                        .find(|d| d.seq == h.seq && h.seq < desc.seq)
+                        .unwrap_or(desc);
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        local: ours.to_string(),
+                        peer,
+                        remote: h.describe(),
+                    });
+                }
+                let Some(i) = run.next_recv(peer) else {
+                    return Err(protocol(format!(
+                        "step {} message {} arrived but none was expected",
+                        h.step, h.msg
+                    )));
+                };
+                let t = &run.tasks[i];
+                let Label::Coll { msg } = t.label else {
+                    unreachable!("collective step has collective labels")
+                };
+                if h.step != step || h.msg != msg {
+                    return Err(protocol(format!(
+                        "got step {} message {}, expected step {step} message {msg}: the ranks' schedules disagree",
+                        h.step, h.msg
+                    )));
+                }
+                if h.total != t.span.len as u64 {
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        local: format!("{desc} expecting {} bytes in this message", t.span.len),
+                        peer,
+                        remote: format!(
+                            "{} sending {} bytes (do the counts passed differ?)",
+                            h.describe(),
+                            h.total
+                        ),
+                    });
+                }
+                if h.offset != t.done as u64 {
+                    return Err(protocol(format!(
+                        "frame at offset {} while {} bytes were received",
+                        h.offset, t.done
+                    )));
+                }
+                Target::Task(i)
+            }
+        };
+        if len == 0 {
+            self.payload_done(run, peer, target)?;
+            return Ok(Inbound::Idle);
+        }
+        Ok(Inbound::Payload { target, remaining: len, pad })
+    }
+
+    /// Finds where the payload of a point-to-point frame goes: the posted receive it
+    /// matches, or the stash.
+    fn route_p2p(&mut self, run: &mut StepRun<'_>, peer: usize, h: &Header) -> Result<Target> {
+        let ctx = run.ctx;
+        if h.offset > 0 {
+            return self.continuing[peer].ok_or_else(|| Error::Protocol {
+                op: ctx.describe(),
+                peer,
+                detail: format!("continuation of message #{} without its start", h.seq),
+            });
+        }
+        let target = match run.matching_recv(peer, h.step) {
+            Some(i) => {
+                let t = &mut run.tasks[i];
+                let Label::P2p { dtype, .. } = t.label else { unreachable!("point-to-point receive") };
+                if dtype != h.dtype || t.span.len as u64 != h.total {
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        local: format!(
+                            "recv from rank {peer} (tag {}, {} x {dtype})",
+                            h.step,
+                            t.span.len / dtype.size()
+                        ),
+                        peer,
+                        remote: h.describe(),
+                    });
+                }
+                t.bound = true;
+                Target::Task(i)
+            }
+            None => {
+                let total = h.total as usize;
+                if self.stash_bytes + total > self.tuning.max_stash {
+                    return Err(Error::Protocol {
+                        op: ctx.describe(),
+                        peer,
+                        detail: format!(
+                            "it sent {} that no receive has asked for, and unexpected messages already \
+                             hold {} bytes (XCCL_MAX_UNEXPECTED_BYTES={}): post the matching recv earlier",
+                            h.describe(),
+                            self.stash_bytes,
+                            self.tuning.max_stash
+                        ),
+                    });
+                }
+                self.stash_bytes += total;
+                self.stash.push(Stashed {
+                    peer,
+                    tag: h.step,
+                    dtype: h.dtype,
+                    seq: h.seq,
+                    data: vec![0u8; total],
+                    filled: 0,
+                });
+                Target::Stash(self.stash.len() - 1)
+            }
+        };
+        self.continuing[peer] = (h.total > u64::from(h.len)).then_some(target);
+        Ok(target)
+    }
+
+    /// Reads up to `remaining` payload bytes from `peer` into `target`; returns how many.
+    fn read_payload(
+        &mut self,
+        run: &mut StepRun<'_>,
+        peer: usize,
+        target: Target,
+        remaining: usize,
+    ) -> Result<usize> {
+        let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+        let ctx = run.ctx;
+        let n = match target {
+            Target::Reason => {
+                let mut buf = [0u8; 512];
+                let n =
+                    link.read(&mut buf[..remaining.min(512)]).map_err(|e| lost(ctx.describe(), peer, e))?;
+                self.abort_reason.extend_from_slice(&buf[..n]);
+                n
+            }
+            Target::Stash(k) => {
+                let s = &mut self.stash[k];
+                let n = link
+                    .read(&mut s.data[s.filled..s.filled + remaining])
+                    .map_err(|e| lost(ctx.describe(), peer, e))?;
+                s.filled += n;
+                n
+            }
+            Target::Task(i) => {
+                let allowed = run.limit(i).saturating_sub(run.tasks[i].done).min(remaining);
+                if allowed == 0 {
+                    return Ok(0);
+                }
+                let t = &run.tasks[i];
+                let (done, dst) = (t.done, t.span);
+                let n = match (t.act, run.ctx.combine()) {
+                    (Act::Recv { with: Some(with), .. }, Some((dtype, rop))) => {
+                        let mut at = done;
+                        let mut failure = None;
+                        let n = link
+                            .read_with(allowed, dtype.size(), &mut |piece| {
+                                let end = at + piece.len();
+                                // SAFETY: [at, end) lies in the destination (end <= done +
+                                // allowed <= span.len) and, by the ordering rule, no other view
+                                // of it is alive; `with` has the same length as `dst`.
+                                let res = unsafe {
+                                    if with.ptr == dst.ptr {
+                                        reduce::combine(dtype, rop, dst.bytes_mut(at, end), piece)
+                                    } else {
+                                        reduce::combine_into(
+                                            dtype,
+                                            rop,
+                                            dst.bytes_mut(at, end),
+                                            with.bytes(at, end),
+                                            piece,
+                                        )
+                                    }
+                                };
+                                if let Err(e) = res {
+                                    failure.get_or_insert(e);
+                                }
+                                at = end;
+                            })
+                            .map_err(|e| lost(ctx.describe(), peer, e))?;
+                        if let Some(e) = failure {
+                            return Err(e);
+                        }
+                        n
+                    }
+                    _ => {
+                        // SAFETY: as above, for a plain receive: [done, done + allowed) lies in
+                        // the destination and no other view of it is alive.
+                        let dst = unsafe { dst.bytes_mut(done, done + allowed) };
+                        link.read(dst).map_err(|e| lost(ctx.describe(), peer, e))?
+                    }
+                };
+                run.tasks[i].done += n;
+                n
+            }
+        };
+        Ok(n)
+    }
+
+    /// The last payload byte of a frame has arrived.
+    fn payload_done(&mut self, run: &mut StepRun<'_>, peer: usize, target: Target) -> Result<()> {
+        match target {
+            Target::Reason => {
+                let reason = String::from_utf8_lossy(&self.abort_reason).into_owned();
+                Err(Error::RemoteAbort { op: run.op(), peer, origin: self.abort_origin, reason })
+            }
+            Target::Task(i) => {
+                let t = &mut run.tasks[i];
+                t.complete = t.done == t.span.len;
+                if t.complete && matches!(t.label, Label::P2p { .. }) {
+                    self.continuing[peer] = None;
+                }
+                Ok(())
+            }
+            Target::Stash(k) => {
+                let s = &self.stash[k];
+                if s.filled == s.data.len() {
+                    self.continuing[peer] = None;
+                    if let Some(i) = run.matching_recv(peer, s.tag) {
+                        self.claim_stashed(run, i)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds the messages issued since the last look; true if there were any.
+    fn take_issued(&mut self, run: &mut StepRun<'_>, feed: &mut dyn P2pFeed) -> Result<bool> {
+        let mut new = Vec::new();
+        feed.fetch(&mut new);
+        for m in &new {
+            let (act, label) = if m.send {
+                let seq = self.p2p_sent[m.peer];
+                self.p2p_sent[m.peer] += 1;
+                (Act::Send { peer: m.peer }, Label::P2p { tag: m.tag, dtype: m.dtype, seq })
+            } else {
+                (Act::Recv { peer: m.peer, with: None }, Label::P2p { tag: m.tag, dtype: m.dtype, seq: 0 })
+            };
+            let span = Span { ptr: m.ptr, len: m.len };
+            let i = run.push(Task::new(act, span, label))?;
+            self.claim_stashed(run, i)?;
+        }
+        Ok(!new.is_empty())
+    }
+
+    /// Completes point-to-point receive `i` from a fully stashed message, if one matches.
+    fn claim_stashed(&mut self, run: &mut StepRun<'_>, i: usize) -> Result<()> {
+        let t = &run.tasks[i];
+        let (Act::Recv { peer, .. }, Label::P2p { tag, dtype, .. }) = (t.act, t.label) else {
+            return Ok(());
+        };
+        if t.bound {
+            return Ok(());
+        }
+        // Non-overtaking: the oldest message with this tag from this peer.
+        let Some(k) = self.stash.iter().position(|s| s.peer == peer && s.tag == tag) else {
+            return Ok(());
+        };
+        if self.stash[k].filled < self.stash[k].data.len() {
+            return Ok(());
+        }
+        let s = self.stash.remove(k);
+        self.stash_bytes -= s.data.len();
+        // Stashed targets after `k` moved down by one.
+        for c in self.continuing.iter_mut() {
+            if let Some(Target::Stash(j)) = c {
+                if *j > k {
+                    *j -= 1;
+                }
+            }
+        }
+        for b in self.inbound.iter_mut() {
+            if let Inbound::Payload { target: Target::Stash(j), .. } = b {
+                if *j > k {
+                    *j -= 1;
+                }
+            }
+        }
+        let t = &mut run.tasks[i];
+        if s.dtype != dtype || s.data.len() != t.span.len {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: format!("recv from rank {peer} (tag {tag}, {} x {dtype})", t.span.len / dtype.size()),
+                peer,
+                remote: format!(
+                    "send (message #{}, tag {tag}, {} x {})",
+                    s.seq,
+                    s.data.len() / s.dtype.size(),
+                    s.dtype
+                ),
+            });
+        }
+        // SAFETY: the receive's buffer is valid for the batch and nothing else views it.
+        unsafe { t.span.bytes_mut(0, t.span.len) }.copy_from_slice(&s.data);
+        t.done = t.span.len;
+        t.complete = true;
+        t.bound = true;
+        Ok(())
+    }
+}
+
+/// One step being run.
+struct StepRun<'a> {
+    ctx: Ctx<'a>,
+    tasks: Vec<Task>,
+    sends: Vec<Vec<usize>>,
+    recvs: Vec<Vec<usize>>,
+}
+
+impl<'a> StepRun<'a> {
+    fn new(ctx: Ctx<'a>, nranks: usize) -> Self {
+        StepRun { ctx, tasks: Vec::new(), sends: vec![Vec::new(); nranks], recvs: vec![Vec::new(); nranks] }
+    }
+
+    /// Adds a task after the others: computes what it must follow (the ordering rule of a
+    /// step) and marks no-op copies done. Returns its index.
+    fn push(&mut self, mut t: Task) -> Result<usize> {
+        if let Act::Copy { src } = t.act {
+            if src == t.span {
+                t.complete = true;
+                t.done = src.len;
+            } else if src.overlaps(&t.span) {
+                return Err(Error::Internal("local copy between overlapping regions".into()));
+            }
+            t.complete |= t.span.len == 0;
+        }
+        if !t.complete {
+            for (i, a) in self.tasks.iter().enumerate() {
+                let mut pairs = Vec::new();
+                if let Some(w) = a.writes() {
+                    pairs.extend(t.reads().into_iter().chain(t.writes()).map(|r| (w, r)));
+                }
+                for r in a.reads() {
+                    pairs.extend(t.writes().map(|w| (r, w)));
+                }
+                let clashes: Vec<_> = pairs.into_iter().filter(|(x, y)| x.overlaps(y)).collect();
+                if !clashes.is_empty() {
+                    let fine = clashes.iter().all(|(x, y)| x == y) && a.span.len == t.span.len;
+                    t.deps.push((i, fine));
+                }
+            }
+        }
+        let i = self.tasks.len();
+        match t.act {
+            Act::Send { peer } => self.sends[peer].push(i),
+            Act::Recv { peer, .. } => self.recvs[peer].push(i),
+            Act::Copy { .. } => {}
+        }
+        self.tasks.push(t);
+        Ok(i)
+    }
+
+    /// The operation, described for error messages.
+    fn op(&self) -> String {
+        self.ctx.describe()
+    }
+
+    /// How far task `i` may go: the least progress among what it follows.
+    fn limit(&self, i: usize) -> usize {
+        let t = &self.tasks[i];
+        t.deps.iter().fold(t.span.len, |lim, &(d, fine)| {
+            let dep = &self.tasks[d];
+            let allowed = if dep.complete {
+                usize::MAX
+            } else if fine {
+                dep.done
+            } else {
+                0
+            };
+            lim.min(allowed)
+        })
+    }
+
+    /// Bytes send task `i` may put in its next frame now: a full segment, or the rest of
+    /// its message, once that much is ready (0: wait).
+    fn send_ready(&self, i: usize, seg: usize) -> usize {
+        let t = &self.tasks[i];
+        let want = (t.span.len - t.done).min(seg);
+        if self.limit(i) - t.done >= want { want } else { 0 }
+    }
+
+    fn next_send(&self, peer: usize) -> Option<usize> {
+        self.sends[peer].iter().copied().find(|&i| !self.tasks[i].complete)
+    }
+
+    fn next_recv(&self, peer: usize) -> Option<usize> {
+        self.recvs[peer].iter().copied().find(|&i| !self.tasks[i].complete)
+    }
+
+    /// Whether a frame from `peer` is awaited.
+    fn expects_from(&self, peer: usize) -> bool {
+        self.recvs[peer].iter().any(|&i| !self.tasks[i].complete)
+    }
+
+    /// The first unbound point-to-point receive from `peer` with `tag`.
+    fn matching_recv(&self, peer: usize, tag: u32) -> Option<usize> {
+        self.recvs[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            !t.complete && !t.bound && matches!(t.label, Label::P2p { tag: tg, .. } if tg == tag)
+        })
+    }
+
+    /// Runs local copies as far as they may go; true if anything moved.
+    fn local_copies(&mut self) -> bool {
+        let mut progress = false;
+        for j in 0..self.tasks.len() {
+            let Act::Copy { src } = self.tasks[j].act else {
+                continue;
+            };
+            if self.tasks[j].complete {
+                continue;
+            }
+            let lim = self.limit(j);
+            let t = &mut self.tasks[j];
+            if lim > t.done {
+                // SAFETY: both ranges lie in the operation's buffers, do not overlap (checked
+                // in `StepRun::push`), and the ordering rule keeps other views away from them.
+                unsafe { t.span.bytes_mut(t.done, lim).copy_from_slice(src.bytes(t.done, lim)) };
+                t.done = lim;
+                t.complete = t.done == t.span.len;
+                progress = true;
+            }
+        }
+        progress
+    }
+}

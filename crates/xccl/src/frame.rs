@@ -1,0 +1,392 @@
+//! The wire format: every message between two ranks is a sequence of frames, each a fixed
+//! 72-byte header followed by its payload, padded to a multiple of 8 bytes so that the next
+//! header (and every payload) starts 8-byte aligned in a byte stream.
+//!
+//! A header names the communicator, the operation's sequence number, its kind, element type,
+//! reduction, element count, root and algorithm, and where this frame's payload sits in the
+//! message. A receiver checks every field against what it expects before it writes a byte of
+//! payload anywhere, so ranks running different operations get an error that describes both
+//! sides instead of corrupting memory.
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::reduce::ReduceOp;
+
+/// Bytes in a frame header.
+pub(crate) const HEADER_LEN: usize = 72;
+/// "XCCL" in little-endian byte order.
+const MAGIC: u32 = u32::from_le_bytes(*b"XCCL");
+/// Bumped on any incompatible change of the frame layout.
+pub(crate) const WIRE_VERSION: u8 = 1;
+/// The largest payload one frame may carry; anything larger is refused unread.
+pub(crate) const MAX_PAYLOAD: usize = 64 << 20;
+/// The largest abort reason accepted from a peer.
+pub(crate) const MAX_REASON: usize = 4096;
+/// Marks "no root" in a header.
+pub(crate) const NO_ROOT: u32 = u32::MAX;
+
+/// Padding that follows a payload of `len` bytes.
+pub(crate) const fn pad_for(len: usize) -> usize {
+    (8 - len % 8) % 8
+}
+
+/// What a frame is for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum FrameKind {
+    /// Payload of an operation.
+    Data = 1,
+    /// The sender aborted its communicator; the payload is the reason (UTF-8).
+    Abort = 2,
+    /// The sender closed its communicator cleanly; nothing follows.
+    Goodbye = 3,
+}
+
+/// Which operation a rank is running. Travels in headers and names operations in errors.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CollKind {
+    /// Point-to-point message (`send`/`recv`).
+    SendRecv = 0,
+    /// `broadcast`
+    Broadcast = 1,
+    /// `scatter`
+    Scatter = 2,
+    /// `gather`
+    Gather = 3,
+    /// `reduce`
+    Reduce = 4,
+    /// `all_reduce`
+    AllReduce = 5,
+    /// `all_gather` and `all_gather_v`
+    AllGather = 6,
+    /// `reduce_scatter`
+    ReduceScatter = 7,
+    /// `all_to_all` and `all_to_all_v`
+    AllToAll = 8,
+    /// `barrier`
+    Barrier = 9,
+}
+
+impl CollKind {
+    const ALL: [CollKind; 10] = [
+        CollKind::SendRecv,
+        CollKind::Broadcast,
+        CollKind::Scatter,
+        CollKind::Gather,
+        CollKind::Reduce,
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AllToAll,
+        CollKind::Barrier,
+    ];
+
+    /// The API name (`all_reduce`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollKind::SendRecv => "send/recv",
+            CollKind::Broadcast => "broadcast",
+            CollKind::Scatter => "scatter",
+            CollKind::Gather => "gather",
+            CollKind::Reduce => "reduce",
+            CollKind::AllReduce => "all_reduce",
+            CollKind::AllGather => "all_gather",
+            CollKind::ReduceScatter => "reduce_scatter",
+            CollKind::AllToAll => "all_to_all",
+            CollKind::Barrier => "barrier",
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<CollKind> {
+        CollKind::ALL.get(tag as usize).copied()
+    }
+}
+
+impl fmt::Display for CollKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The identity of one collective call: what every rank must agree on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OpDesc {
+    pub kind: CollKind,
+    /// Sequence number of the collective on its communicator (the same on every rank).
+    pub seq: u64,
+    pub dtype: DType,
+    pub op: Option<ReduceOp>,
+    /// The element count every rank passes (`u64::MAX` for the uneven "v" variants).
+    pub count: u64,
+    pub root: Option<u32>,
+    /// Which algorithm's schedule runs (ranks must run the same one).
+    pub algo: u8,
+}
+
+impl OpDesc {
+    /// The fields that must match between ranks, as a header would carry them.
+    fn signature(&self) -> (CollKind, u64, DType, u8, u64, u32, u8) {
+        (
+            self.kind,
+            self.seq,
+            self.dtype,
+            self.op.map_or(u8::MAX, |o| o as u8),
+            self.count,
+            self.root.unwrap_or(NO_ROOT),
+            self.algo,
+        )
+    }
+}
+
+impl fmt::Display for OpDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} #{} ({}", self.kind, self.seq, self.dtype)?;
+        if self.count != u64::MAX {
+            write!(f, " x {}", self.count)?;
+        } else {
+            write!(f, ", uneven counts")?;
+        }
+        if let Some(op) = self.op {
+            write!(f, ", {op}")?;
+        }
+        if let Some(root) = self.root {
+            write!(f, ", root {root}")?;
+        }
+        write!(f, ", {})", crate::algo::Algorithm::name_of(self.algo))
+    }
+}
+
+/// A decoded frame header.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub kind: FrameKind,
+    pub comm: u64,
+    /// Collective: its sequence number. Point-to-point: the sender's message number to us.
+    pub seq: u64,
+    pub coll: CollKind,
+    pub dtype: DType,
+    /// Reduction tag, `u8::MAX` for none.
+    pub op: u8,
+    pub algo: u8,
+    pub count: u64,
+    pub root: u32,
+    /// Collective: the schedule step. Point-to-point: the tag.
+    pub step: u32,
+    /// Index of the message among the sender's sends to us in this step.
+    pub msg: u32,
+    /// Bytes in the whole message this frame belongs to.
+    pub total: u64,
+    /// Offset of this frame's payload in the message.
+    pub offset: u64,
+    /// Payload bytes in this frame.
+    pub len: u32,
+}
+
+impl Header {
+    /// A data frame of collective `desc`.
+    pub fn data(comm: u64, desc: &OpDesc, step: u32, msg: u32) -> Header {
+        let (coll, seq, dtype, op, count, root, algo) = desc.signature();
+        Header {
+            kind: FrameKind::Data,
+            comm,
+            seq,
+            coll,
+            dtype,
+            op,
+            algo,
+            count,
+            root,
+            step,
+            msg,
+            total: 0,
+            offset: 0,
+            len: 0,
+        }
+    }
+
+    /// A control frame (abort or goodbye) with a payload of `len` bytes.
+    pub fn control(kind: FrameKind, comm: u64, len: usize) -> Header {
+        Header {
+            kind,
+            comm,
+            seq: 0,
+            coll: CollKind::SendRecv,
+            dtype: DType::U8,
+            op: u8::MAX,
+            algo: 0,
+            count: 0,
+            root: NO_ROOT,
+            step: 0,
+            msg: 0,
+            total: len as u64,
+            offset: 0,
+            len: len as u32,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = WIRE_VERSION;
+        b[5] = self.kind as u8;
+        b[6] = self.coll as u8;
+        b[7] = self.dtype as u8;
+        b[8] = self.op;
+        b[9] = self.algo;
+        b[16..24].copy_from_slice(&self.comm.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.count.to_le_bytes());
+        b[40..44].copy_from_slice(&self.root.to_le_bytes());
+        b[44..48].copy_from_slice(&self.step.to_le_bytes());
+        b[48..52].copy_from_slice(&self.msg.to_le_bytes());
+        b[52..56].copy_from_slice(&self.len.to_le_bytes());
+        b[56..64].copy_from_slice(&self.total.to_le_bytes());
+        b[64..72].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// Decodes and sanity-checks a header. The error says what was wrong with the bytes.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let magic = u32_at(0);
+        if magic != MAGIC {
+            return Err(format!(
+                "not an xccl frame (magic {magic:#010x}, expected {MAGIC:#010x}): the stream is corrupt or the peer is not xccl"
+            ));
+        }
+        if b[4] != WIRE_VERSION {
+            return Err(format!("wire version {} (this build speaks {WIRE_VERSION})", b[4]));
+        }
+        let kind = match b[5] {
+            1 => FrameKind::Data,
+            2 => FrameKind::Abort,
+            3 => FrameKind::Goodbye,
+            k => return Err(format!("unknown frame kind {k}")),
+        };
+        let coll = CollKind::from_tag(b[6]).ok_or_else(|| format!("unknown operation tag {}", b[6]))?;
+        let dtype = DType::from_tag(b[7]).ok_or_else(|| format!("unknown element type tag {}", b[7]))?;
+        if b[8] != u8::MAX && ReduceOp::from_tag(b[8]).is_none() {
+            return Err(format!("unknown reduction tag {}", b[8]));
+        }
+        let h = Header {
+            kind,
+            comm: u64_at(16),
+            seq: u64_at(24),
+            coll,
+            dtype,
+            op: b[8],
+            algo: b[9],
+            count: u64_at(32),
+            root: u32_at(40),
+            step: u32_at(44),
+            msg: u32_at(48),
+            len: u32_at(52),
+            total: u64_at(56),
+            offset: u64_at(64),
+        };
+        let limit = if kind == FrameKind::Data { MAX_PAYLOAD } else { MAX_REASON };
+        if h.len as usize > limit {
+            return Err(format!("frame payload of {} bytes exceeds the limit of {limit}", h.len));
+        }
+        if h.offset.checked_add(u64::from(h.len)).is_none_or(|end| end > h.total) {
+            return Err(format!("frame covers bytes {}..+{} of a {}-byte message", h.offset, h.len, h.total));
+        }
+        Ok(h)
+    }
+
+    /// Describes the collective this frame belongs to, for error messages.
+    pub fn describe(&self) -> String {
+        if self.coll == CollKind::SendRecv {
+            return format!(
+                "send (message #{}, tag {}, {} x {}, {} bytes)",
+                self.seq, self.step, self.dtype, self.count, self.total
+            );
+        }
+        let desc = OpDesc {
+            kind: self.coll,
+            seq: self.seq,
+            dtype: self.dtype,
+            op: ReduceOp::from_tag(self.op),
+            count: self.count,
+            root: (self.root != NO_ROOT).then_some(self.root),
+            algo: self.algo,
+        };
+        desc.to_string()
+    }
+
+    /// Whether this frame belongs to collective `desc` (all agreed fields equal).
+    pub fn matches(&self, desc: &OpDesc) -> bool {
+        (self.coll, self.seq, self.dtype, self.op, self.count, self.root, self.algo) == desc.signature()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        let desc = OpDesc {
+            kind: CollKind::AllReduce,
+            seq: 42,
+            dtype: DType::BF16,
+            op: Some(ReduceOp::Max),
+            count: 1 << 33,
+            root: None,
+            algo: 1,
+        };
+        let mut h = Header::data(0xdead_beef_cafe, &desc, 7, 3);
+        h.total = 1 << 34;
+        h.offset = 1 << 20;
+        h.len = 4096;
+        h
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let h = sample();
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn garbage_is_rejected_with_a_reason() {
+        let mut b = sample().encode();
+        b[0] = b'Y';
+        assert!(Header::decode(&b).unwrap_err().contains("not an xccl frame"));
+        let mut b = sample().encode();
+        b[4] = 99;
+        assert!(Header::decode(&b).unwrap_err().contains("wire version"));
+        let mut b = sample().encode();
+        b[7] = 200;
+        assert!(Header::decode(&b).unwrap_err().contains("element type"));
+    }
+
+    #[test]
+    fn oversized_or_out_of_range_payloads_are_rejected() {
+        let mut h = sample();
+        h.len = (MAX_PAYLOAD + 1) as u32;
+        h.total = u64::MAX;
+        assert!(Header::decode(&h.encode()).unwrap_err().contains("exceeds"));
+        let mut h = sample();
+        h.offset = h.total - 10;
+        assert!(Header::decode(&h.encode()).unwrap_err().contains("covers"));
+        let mut h = Header::control(FrameKind::Abort, 1, MAX_REASON + 1);
+        h.total = h.len as u64;
+        assert!(Header::decode(&h.encode()).is_err());
+    }
+
+    #[test]
+    fn padding_keeps_frames_aligned() {
+        assert_eq!(HEADER_LEN % 8, 0);
+        for len in 0..32 {
+            assert_eq!((len + pad_for(len)) % 8, 0);
+            assert!(pad_for(len) < 8);
+        }
+    }
+}

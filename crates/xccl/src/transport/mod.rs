@@ -1,0 +1,329 @@
+//! Transports: how bytes move between two ranks.
+//!
+//! Every transport offers the same thing, a non-blocking, ordered, full-duplex byte stream
+//! to each peer ([`Link`]); framing, matching and reduction live above it in the executor,
+//! written once. Links differ only in how they wait: socket links are polled, memory links
+//! (the local transport, and shared memory across processes) sleep on a [`Doorbell`] that
+//! peers ring. [`Links`] is one rank's set of links in one communicator and knows how to
+//! wait on any mix of them.
+
+pub(crate) mod doorbell;
+pub(crate) mod local;
+pub(crate) mod ring;
+pub(crate) mod tcp;
+
+use std::io::{self, IoSlice};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+
+use self::ring::RingHost;
+
+/// How a peer's side of a link ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Closed {
+    /// It closed its communicator cleanly.
+    Goodbye,
+    /// It aborted: the rank where the failure began, and what happened there.
+    Aborted {
+        /// The rank that failed first (the peer itself, or one it heard from).
+        origin: usize,
+        /// What happened.
+        reason: String,
+    },
+    /// It vanished without a word (process killed, connection reset).
+    Vanished(String),
+}
+
+/// The payload of the I/O error a memory link returns when its peer aborted, so that the
+/// executor can report the abort rather than a lost peer.
+#[derive(Debug)]
+pub(crate) struct PeerAborted {
+    /// The rank where the failure began.
+    pub origin: usize,
+    /// What happened there.
+    pub reason: String,
+}
+
+impl std::fmt::Display for PeerAborted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "aborted (rank {} failed: {})", self.origin, self.reason)
+    }
+}
+
+impl std::error::Error for PeerAborted {}
+
+/// What a rank says to its peers when it stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Farewell {
+    /// A clean close.
+    Goodbye,
+    /// An abort: the rank where the failure began, and what happened there.
+    Abort {
+        /// The rank that failed first.
+        origin: usize,
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// A non-blocking, ordered, full-duplex byte stream to one peer.
+pub(crate) trait Link: Send {
+    /// Writes a prefix of `parts` without blocking; returns the bytes written (0: full).
+    fn write(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize>;
+
+    /// Reads up to `dst.len()` bytes without blocking (0: nothing available yet). The end of
+    /// the stream is an error of kind `UnexpectedEof`.
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize>;
+
+    /// Consumes up to `max` available bytes, a multiple of `align`, handing them to `f` in
+    /// one or more contiguous pieces whose lengths are multiples of `align` and which start
+    /// at `align`-aligned addresses when the stream position is. `max` must be a multiple of
+    /// `align`, and reads through one message must not mix `read` and `read_with`.
+    fn read_with(&mut self, max: usize, align: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+
+    /// The descriptor to poll, for socket links.
+    fn fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Whether the peer has ended its side and how, or `None` while it is open. Data the
+    /// peer sent before it ended stays readable. Call only at a frame boundary of the
+    /// incoming stream (a socket link parses what is left to find the peer's last word).
+    fn hangup(&mut self) -> io::Result<Option<Closed>>;
+
+    /// Says `farewell` (abort notices only if `at_boundary`, i.e. no outgoing frame is half
+    /// written) and closes this side, waiting at most `patience` for room to say it.
+    fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration);
+}
+
+/// What the executor waits for on one peer's link.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Interest {
+    /// Incoming bytes would make progress.
+    pub read: bool,
+    /// Room for outgoing bytes would make progress.
+    pub write: bool,
+    /// The incoming stream is at a frame boundary, so a hangup can be examined.
+    pub idle: bool,
+}
+
+/// Wakes a rank's executor out of [`Links::wait`] from any thread (when new work is issued
+/// to a running point-to-point batch).
+#[derive(Clone)]
+pub(crate) struct Waker {
+    /// An eventfd in the poll set, when there are socket links.
+    event: Option<Arc<OwnedFd>>,
+    /// The rank's doorbell, when there are memory links.
+    bell: Option<(Arc<dyn RingHost>, usize)>,
+}
+
+impl Waker {
+    pub fn wake(&self) {
+        if let Some(fd) = &self.event {
+            // A full counter (impossible in practice) or EAGAIN still leaves it readable.
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        if let Some((host, rank)) = &self.bell {
+            host.bell(*rank).ring();
+        }
+    }
+}
+
+/// One rank's links in one communicator, and the means to wait on them.
+pub(crate) struct Links {
+    rank: usize,
+    /// Readable when the waker was used; polled with the sockets.
+    event: Option<Arc<OwnedFd>>,
+    links: Vec<Option<Box<dyn Link>>>,
+    /// The host of this rank's doorbell, when some links are memory links.
+    bell: Option<Arc<dyn RingHost>>,
+    /// Peers known to have ended their side, and how.
+    gone: Vec<Option<Closed>>,
+    /// How long to poll memory links before sleeping.
+    spin: Duration,
+}
+
+/// How long a blocked memory-link waiter keeps polling before it sleeps, when every rank
+/// on the host can have a core of its own; with more ranks than cores it sleeps at once, so
+/// that the rank it waits for gets the core.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// The spin budget for `ranks` ranks sharing this host.
+pub(crate) fn spin_for(ranks: usize) -> Duration {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if ranks <= cores { SPIN } else { Duration::ZERO }
+}
+
+impl Links {
+    /// Links of `rank`; `links[peer]` is `None` for `rank` itself. Memory links come with
+    /// the host of this rank's doorbell and the spin budget ([`spin_for`]).
+    pub fn new(
+        rank: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        bell: Option<(Arc<dyn RingHost>, Duration)>,
+    ) -> Links {
+        let gone = vec![None; links.len()];
+        let (bell, spin) = bell.map_or((None, Duration::ZERO), |(h, s)| (Some(h), s));
+        let has_sockets = links.iter().flatten().any(|l| l.fd().is_some());
+        let event = has_sockets
+            .then(|| {
+                rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok().map(Arc::new)
+            })
+            .flatten();
+        Links { rank, event, links, bell, gone, spin }
+    }
+
+    /// A waker for this rank's waits.
+    pub fn waker(&self) -> Waker {
+        Waker { event: self.event.clone(), bell: self.bell.clone().map(|h| (h, self.rank)) }
+    }
+
+    /// The link to `peer`.
+    pub fn link(&mut self, peer: usize) -> io::Result<&mut (dyn Link + 'static)> {
+        match self.links.get_mut(peer) {
+            Some(Some(l)) => Ok(l.as_mut()),
+            _ => Err(io::Error::other(format!("rank {} has no link to rank {peer}", self.rank))),
+        }
+    }
+
+    /// How `peer` ended, if it did.
+    pub fn gone(&self, peer: usize) -> Option<&Closed> {
+        self.gone.get(peer).and_then(Option::as_ref)
+    }
+
+    /// Looks at once whether `peer` has ended its side, and records how. Only at a frame
+    /// boundary of the incoming stream (see [`Link::hangup`]).
+    pub fn probe(&mut self, peer: usize) {
+        if self.gone.get(peer).is_some_and(Option::is_none) {
+            if let Some(Ok(Some(how))) = self.links[peer].as_mut().map(|l| l.hangup()) {
+                self.gone[peer] = Some(how);
+            }
+        }
+    }
+
+    /// The first peer known to have failed (aborted or vanished), and how.
+    pub fn first_failed(&self) -> Option<(usize, &Closed)> {
+        self.gone.iter().enumerate().find_map(|(p, g)| match g {
+            Some(c @ (Closed::Aborted { .. } | Closed::Vanished(_))) => Some((p, c)),
+            _ => None,
+        })
+    }
+
+    /// A doorbell token to take before looking for progress (see [`Links::wait`]).
+    pub fn token(&self) -> u32 {
+        self.bell.as_ref().map_or(0, |h| h.bell(self.rank).token())
+    }
+
+    /// Blocks until a link in `want` may be ready, a peer ends its side, or `timeout` passes;
+    /// returns the peers newly found gone. May return early for no reason.
+    pub fn wait(
+        &mut self,
+        want: &[Interest],
+        token: u32,
+        timeout: Duration,
+    ) -> io::Result<Vec<(usize, Closed)>> {
+        let mut borrowed = Vec::new();
+        let mut memory_wanted = false;
+        for (peer, link) in self.links.iter().enumerate() {
+            let (Some(link), None) = (link, &self.gone[peer]) else {
+                continue;
+            };
+            let w = want.get(peer).copied().unwrap_or_default();
+            match link.fd() {
+                Some(fd) => {
+                    let mut ev = PollFlags::RDHUP;
+                    if w.read {
+                        ev |= PollFlags::IN;
+                    }
+                    if w.write {
+                        ev |= PollFlags::OUT;
+                    }
+                    borrowed.push((peer, fd, ev));
+                }
+                None => memory_wanted |= w.read || w.write,
+            }
+        }
+        let mut fds: Vec<PollFd<'_>> = borrowed.iter().map(|(_, fd, ev)| PollFd::new(fd, *ev)).collect();
+        if let Some(event) = &self.event {
+            fds.push(PollFd::new(event.as_ref(), PollFlags::IN));
+        }
+        // PollFd borrows descriptors owned by `self.links`; finish polling before touching them.
+        let mut hung_up = Vec::new();
+        let bell = self.bell.clone();
+        match (&bell, memory_wanted) {
+            (Some(host), true) => {
+                if !fds.is_empty() {
+                    rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default()))?;
+                }
+                let any_fd = fds.iter().any(|f| !f.revents().is_empty());
+                if !any_fd {
+                    let bell = host.bell(self.rank);
+                    let spin_until = std::time::Instant::now() + self.spin;
+                    while !bell.rang_since(token) && std::time::Instant::now() < spin_until {
+                        std::hint::spin_loop();
+                    }
+                    let nap = if fds.is_empty() { timeout } else { timeout.min(Duration::from_millis(1)) };
+                    if !bell.rang_since(token) {
+                        bell.sleep(token, nap);
+                    }
+                }
+            }
+            _ if !fds.is_empty() => {
+                let ts = rustix::time::Timespec {
+                    tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+                    tv_nsec: i64::from(timeout.subsec_nanos()),
+                };
+                match rustix::event::poll(&mut fds, Some(&ts)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ => {
+                if let Some(host) = &bell {
+                    host.bell(self.rank).sleep(token, timeout);
+                } else {
+                    std::thread::sleep(timeout.min(Duration::from_millis(10)));
+                }
+            }
+        }
+        let down = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+        for (f, (peer, _, _)) in fds.iter().zip(&borrowed) {
+            if f.revents().intersects(down) {
+                hung_up.push(*peer);
+            }
+        }
+        let woken = self.event.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
+        if let (true, Some(event)) = (woken, &self.event) {
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(event.as_ref(), &mut count);
+        }
+        drop(borrowed);
+        let mut newly = Vec::new();
+        for peer in 0..self.links.len() {
+            let idle = want.get(peer).is_some_and(|w| w.idle);
+            let Some(link) = self.links[peer].as_mut() else {
+                continue;
+            };
+            if self.gone[peer].is_some() || !idle || (link.fd().is_some() && !hung_up.contains(&peer)) {
+                continue;
+            }
+            if let Some(how) = link.hangup()? {
+                self.gone[peer] = Some(how.clone());
+                newly.push((peer, how));
+            }
+        }
+        Ok(newly)
+    }
+
+    /// Says `farewell` on every link and closes them; `mid_frame[peer]` marks links with a
+    /// half-written outgoing frame, where no notice can be inserted.
+    pub fn close_all(&mut self, farewell: &Farewell, mid_frame: &[bool], patience: Duration) {
+        for (peer, link) in self.links.iter_mut().enumerate() {
+            if let Some(link) = link {
+                link.close(farewell, !mid_frame.get(peer).copied().unwrap_or(false), patience);
+            }
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Memory links: lock-free single-producer/single-consumer byte rings.
+//!
+//! A ring is a control block (two monotonically increasing byte counters, each on its own
+//! cache line) and a power-of-two data array. The producer copies bytes in and publishes
+//! them by advancing `head` (release); the consumer reads them in place, then frees them by
+//! advancing `tail` (release). A consumer that reduces straight out of the ring saves the
+//! copy a socket would need. The memory may be an ordinary heap allocation (ranks that are
+//! threads) or a shared mapping (ranks that are processes): the ring only needs it to stay
+//! put and to be touched by exactly one producer and one consumer.
+
+use std::io::{self, IoSlice};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::doorbell::Doorbell;
+use super::{Closed, Farewell, Link, PeerAborted};
+
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+struct Padded(AtomicU64);
+
+/// Cursors of one ring.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct RingControl {
+    /// Bytes ever written.
+    head: Padded,
+    /// Bytes ever read.
+    tail: Padded,
+}
+
+/// Longest abort reason kept in a [`PeerStatus`].
+const REASON_CAP: usize = 1024;
+const ALIVE: u32 = 0;
+const CLOSED: u32 = 1;
+const ABORTED: u32 = 2;
+
+/// Whether a rank on memory links is alive, closed or aborted (and why), in memory its peers
+/// can read.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct PeerStatus {
+    state: AtomicU32,
+    origin: AtomicU32,
+    len: AtomicU32,
+    reason: [AtomicU8; REASON_CAP],
+}
+
+impl Default for PeerStatus {
+    fn default() -> Self {
+        PeerStatus {
+            state: AtomicU32::new(ALIVE),
+            origin: AtomicU32::new(0),
+            len: AtomicU32::new(0),
+            reason: [const { AtomicU8::new(0) }; REASON_CAP],
+        }
+    }
+}
+
+impl PeerStatus {
+    /// Records how this rank ends; the first call wins.
+    pub fn set(&self, how: &Farewell) {
+        let (state, origin, reason) = match how {
+            Farewell::Goodbye => (CLOSED, 0, ""),
+            Farewell::Abort { origin, reason } => (ABORTED, *origin, reason.as_str()),
+        };
+        if self.state.load(Ordering::Acquire) != ALIVE {
+            return;
+        }
+        let bytes = reason.as_bytes();
+        let n = bytes.len().min(REASON_CAP);
+        for (slot, b) in self.reason.iter().zip(&bytes[..n]) {
+            slot.store(*b, Ordering::Relaxed);
+        }
+        self.len.store(n as u32, Ordering::Relaxed);
+        self.origin.store(origin as u32, Ordering::Relaxed);
+        // Release: the reason is visible to whoever sees the new state.
+        let _ = self.state.compare_exchange(ALIVE, state, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// How the rank ended, or `None` while it is alive.
+    pub fn get(&self) -> Option<Closed> {
+        match self.state.load(Ordering::Acquire) {
+            ALIVE => None,
+            CLOSED => Some(Closed::Goodbye),
+            _ => {
+                let n = (self.len.load(Ordering::Relaxed) as usize).min(REASON_CAP);
+                let bytes: Vec<u8> = self.reason[..n].iter().map(|b| b.load(Ordering::Relaxed)).collect();
+                let origin = self.origin.load(Ordering::Relaxed) as usize;
+                let reason = String::from_utf8_lossy(&bytes).into_owned();
+                Some(Closed::Aborted { origin, reason })
+            }
+        }
+    }
+}
+
+/// Owner of the memory that rings, doorbells and statuses live in.
+pub(crate) trait RingHost: Send + Sync {
+    /// The doorbell of `rank`.
+    fn bell(&self, rank: usize) -> &Doorbell;
+    /// The status of `rank`.
+    fn status(&self, rank: usize) -> &PeerStatus;
+}
+
+/// Raw view of one ring's memory.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct RingMem {
+    ctrl: *const RingControl,
+    data: *mut u8,
+    cap: usize,
+}
+
+impl RingMem {
+    /// # Safety
+    /// `ctrl` must point to an initialised `RingControl` and `data` to `cap` bytes, both
+    /// valid, and left in place, for as long as any `RingTx`/`RingRx` made from this view is
+    /// used; `cap` must be a power of two and a multiple of 8. At most one `RingTx` and one
+    /// `RingRx` may ever be made from one ring.
+    pub unsafe fn new(ctrl: *const RingControl, data: *mut u8, cap: usize) -> RingMem {
+        debug_assert!(cap.is_power_of_two() && cap >= 8);
+        RingMem { ctrl, data, cap }
+    }
+
+    fn ctrl(&self) -> &RingControl {
+        // SAFETY: `RingMem::new`'s contract keeps the control block valid while views are used.
+        unsafe { &*self.ctrl }
+    }
+}
+
+/// The producer end of a ring.
+pub(crate) struct RingTx {
+    mem: RingMem,
+    head: u64,
+    tail_seen: u64,
+}
+
+// SAFETY: the producer end is used by one thread at a time (it is moved, not shared); the
+// memory it points to outlives it by `RingMem::new`'s contract.
+unsafe impl Send for RingTx {}
+
+impl RingTx {
+    pub fn new(mem: RingMem) -> RingTx {
+        let head = mem.ctrl().head.0.load(Ordering::Relaxed);
+        RingTx { mem, head, tail_seen: mem.ctrl().tail.0.load(Ordering::Acquire) }
+    }
+
+    /// Copies as much of `parts` as fits; returns the bytes written.
+    pub fn write(&mut self, parts: &[IoSlice<'_>]) -> usize {
+        let want: usize = parts.iter().map(|p| p.len()).sum();
+        let cap = self.mem.cap as u64;
+        if cap - (self.head - self.tail_seen) < want as u64 {
+            self.tail_seen = self.mem.ctrl().tail.0.load(Ordering::Acquire);
+        }
+        let room = (cap - (self.head - self.tail_seen)) as usize;
+        let mut left = want.min(room);
+        let total = left;
+        let mut pos = self.head;
+        for part in parts {
+            if left == 0 {
+                break;
+            }
+            let mut src = &part[..part.len().min(left)];
+            left -= src.len();
+            while !src.is_empty() {
+                let at = (pos % cap) as usize;
+                let n = src.len().min(self.mem.cap - at);
+                // SAFETY: `at + n <= cap`, so the destination lies in the data array; these
+                // bytes are free (head - tail <= cap after this write), so the consumer does
+                // not read them until `head` is published below.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.data.add(at), n) };
+                src = &src[n..];
+                pos += n as u64;
+            }
+        }
+        self.head += total as u64;
+        self.mem.ctrl().head.0.store(self.head, Ordering::Release);
+        total
+    }
+}
+
+/// The consumer end of a ring.
+pub(crate) struct RingRx {
+    mem: RingMem,
+    tail: u64,
+    head_seen: u64,
+}
+
+// SAFETY: as for `RingTx`.
+unsafe impl Send for RingRx {}
+
+impl RingRx {
+    pub fn new(mem: RingMem) -> RingRx {
+        let tail = mem.ctrl().tail.0.load(Ordering::Relaxed);
+        RingRx { mem, tail, head_seen: mem.ctrl().head.0.load(Ordering::Acquire) }
+    }
+
+    fn available(&mut self, want: usize) -> usize {
+        if ((self.head_seen - self.tail) as usize) < want {
+            self.head_seen = self.mem.ctrl().head.0.load(Ordering::Acquire);
+        }
+        (self.head_seen - self.tail) as usize
+    }
+
+    /// Hands up to `max` readable bytes to `f` in at most two contiguous pieces and frees them.
+    fn consume(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        let n = self.available(max).min(max);
+        if n == 0 {
+            return 0;
+        }
+        let at = (self.tail % self.mem.cap as u64) as usize;
+        let first = n.min(self.mem.cap - at);
+        // SAFETY: bytes [tail, tail + n) were published by the producer (n <= head - tail, read
+        // with acquire) and are not overwritten until `tail` is advanced below.
+        unsafe {
+            f(std::slice::from_raw_parts(self.mem.data.add(at), first));
+            if n > first {
+                f(std::slice::from_raw_parts(self.mem.data, n - first));
+            }
+        }
+        self.tail += n as u64;
+        self.mem.ctrl().tail.0.store(self.tail, Ordering::Release);
+        n
+    }
+
+    /// Copies up to `dst.len()` bytes out.
+    pub fn read(&mut self, dst: &mut [u8]) -> usize {
+        let mut filled = 0;
+        self.consume(dst.len(), &mut |piece| {
+            dst[filled..filled + piece.len()].copy_from_slice(piece);
+            filled += piece.len();
+        })
+    }
+
+    /// Hands up to `max` bytes, rounded down to a multiple of `align`, to `f` in place.
+    pub fn read_with(&mut self, max: usize, align: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        let n = self.available(max).min(max);
+        self.consume(n - n % align, f)
+    }
+}
+
+/// A link to a peer over two rings in memory.
+pub(crate) struct RingLink {
+    tx: RingTx,
+    rx: RingRx,
+    me: usize,
+    peer: usize,
+    host: Arc<dyn RingHost>,
+}
+
+impl RingLink {
+    pub fn new(tx: RingTx, rx: RingRx, me: usize, peer: usize, host: Arc<dyn RingHost>) -> RingLink {
+        RingLink { tx, rx, me, peer, host }
+    }
+
+    fn peer_gone(&self) -> Option<Closed> {
+        self.host.status(self.peer).get()
+    }
+
+    fn eof(&self, how: &Closed) -> io::Error {
+        match how {
+            Closed::Goodbye => io::Error::new(io::ErrorKind::UnexpectedEof, "closed its communicator"),
+            Closed::Aborted { origin, reason } => io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                PeerAborted { origin: *origin, reason: reason.clone() },
+            ),
+            Closed::Vanished(r) => io::Error::new(io::ErrorKind::UnexpectedEof, r.clone()),
+        }
+    }
+
+    /// Reads with `f`; at the end of the stream (nothing left and the peer gone) an error.
+    fn read_or_eof(&mut self, mut f: impl FnMut(&mut RingRx) -> usize) -> io::Result<usize> {
+        let n = f(&mut self.rx);
+        if n > 0 {
+            self.host.bell(self.peer).ring();
+            return Ok(n);
+        }
+        if let Some(how) = self.peer_gone() {
+            // The peer may have written its last bytes just before it left: look once more.
+            let n = f(&mut self.rx);
+            if n == 0 {
+                return Err(self.eof(&how));
+            }
+            return Ok(n);
+        }
+        Ok(0)
+    }
+}
+
+impl Link for RingLink {
+    fn write(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        if let Some(how) = self.peer_gone() {
+            return Err(self.eof(&how));
+        }
+        let n = self.tx.write(parts);
+        if n > 0 {
+            self.host.bell(self.peer).ring();
+        }
+        Ok(n)
+    }
+
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        self.read_or_eof(|rx| rx.read(dst))
+    }
+
+    fn read_with(&mut self, max: usize, align: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.read_or_eof(|rx| rx.read_with(max, align, f))
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+        Ok(self.peer_gone())
+    }
+
+    fn close(&mut self, farewell: &Farewell, _at_boundary: bool, _patience: Duration) {
+        self.host.status(self.me).set(farewell);
+        self.host.bell(self.peer).ring();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem {
+        ctrl: RingControl,
+        data: Vec<u64>,
+    }
+
+    fn ring(cap: usize) -> (Box<Mem>, RingTx, RingRx) {
+        let mut m = Box::new(Mem { ctrl: RingControl::default(), data: vec![0u64; cap / 8] });
+        // SAFETY: the boxed memory outlives the two ends in every test, which make one each.
+        let mem = unsafe { RingMem::new(&m.ctrl, m.data.as_mut_ptr().cast(), cap) };
+        (m, RingTx::new(mem), RingRx::new(mem))
+    }
+
+    #[test]
+    fn bytes_come_out_in_order_across_wraps() {
+        let (_m, mut tx, mut rx) = ring(64);
+        let mut next_in = 0u8;
+        let mut next_out = 0u8;
+        for round in 0..200 {
+            let chunk: Vec<u8> = (0..(round % 50) as u8).map(|i| next_in.wrapping_add(i)).collect();
+            let n =
+                tx.write(&[IoSlice::new(&chunk[..chunk.len() / 2]), IoSlice::new(&chunk[chunk.len() / 2..])]);
+            next_in = next_in.wrapping_add(n as u8);
+            let mut buf = [0u8; 40];
+            let got = rx.read(&mut buf[..(round % 40) + 1]);
+            for b in &buf[..got] {
+                assert_eq!(*b, next_out);
+                next_out = next_out.wrapping_add(1);
+            }
+        }
+    }
+
+    #[test]
+    fn writer_stops_when_full_and_reader_sees_aligned_pieces() {
+        let (_m, mut tx, mut rx) = ring(32);
+        assert_eq!(tx.write(&[IoSlice::new(&[1u8; 24])]), 24);
+        assert_eq!(tx.write(&[IoSlice::new(&[2u8; 24])]), 8);
+        assert_eq!(tx.write(&[IoSlice::new(&[3u8; 1])]), 0);
+        let mut pieces = Vec::new();
+        assert_eq!(rx.read_with(20, 8, &mut |p| pieces.push(p.len())), 16);
+        assert_eq!(tx.write(&[IoSlice::new(&[4u8; 16])]), 16);
+        // 16 bytes unread before the wrap, 16 after it.
+        assert_eq!(rx.read_with(64, 8, &mut |p| pieces.push(p.len())), 32);
+        assert_eq!(pieces, vec![16, 16, 16]);
+    }
+
+    #[test]
+    fn status_keeps_the_first_farewell() {
+        let s = PeerStatus::default();
+        assert_eq!(s.get(), None);
+        s.set(&Farewell::Abort { origin: 3, reason: "disk on fire".into() });
+        s.set(&Farewell::Goodbye);
+        let want = Closed::Aborted { origin: 3, reason: "disk on fire".into() };
+        assert_eq!(s.get(), Some(want));
+    }
+}

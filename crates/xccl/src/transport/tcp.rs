@@ -1,0 +1,240 @@
+//! Socket links: one TCP connection per pair of ranks, non-blocking, `TCP_NODELAY`.
+//!
+//! Payloads are written straight from the caller's buffer (`sendmsg` of header, payload and
+//! padding in one call) and plain receives read straight into the destination; only a
+//! receive that reduces goes through a small staging buffer, one segment at a time, so no
+//! message is ever copied whole into a temporary.
+
+use std::io::{self, IoSlice};
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags, Shutdown};
+
+use super::{Closed, Farewell, Link};
+use crate::frame::{self, FrameKind, HEADER_LEN, Header};
+
+/// Bytes staged for one reducing read.
+const STAGE: usize = 256 << 10;
+/// The most a closed peer's leftover stream may hold (a socket buffer's worth, generously).
+const MAX_LEFTOVER: usize = 64 << 20;
+
+/// The incoming side of a socket: the socket itself, then what was left in it at hangup.
+struct Source {
+    sock: TcpStream,
+    /// What was left in the stream when the peer hung up, read out to find its last word.
+    leftover: Vec<u8>,
+    leftover_at: usize,
+    eof: bool,
+}
+
+/// A link over one connected TCP socket.
+pub(crate) struct TcpLink {
+    src: Source,
+    /// Words, so that staged payloads are aligned for every element type.
+    stage: Vec<u64>,
+    staged: usize,
+    comm: u64,
+}
+
+fn would_block(e: Errno) -> bool {
+    e == Errno::AGAIN || e == Errno::INTR
+}
+
+impl Source {
+    fn eof_error() -> io::Error {
+        io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")
+    }
+
+    /// Reads from the leftover buffer, then the socket.
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if self.leftover_at < self.leftover.len() {
+            let n = dst.len().min(self.leftover.len() - self.leftover_at);
+            dst[..n].copy_from_slice(&self.leftover[self.leftover_at..self.leftover_at + n]);
+            self.leftover_at += n;
+            return Ok(n);
+        }
+        if self.eof {
+            return Err(Self::eof_error());
+        }
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        match rustix::net::recv(&self.sock, dst, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => {
+                self.eof = true;
+                Err(Self::eof_error())
+            }
+            Ok((n, _)) => Ok(n),
+            Err(e) if would_block(e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads everything up to the end of the stream into `leftover`.
+    fn drain(&mut self) -> io::Result<bool> {
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            match rustix::net::recv(&self.sock, &mut buf[..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
+                    self.eof = true;
+                    return Ok(true);
+                }
+                Ok((n, _)) => {
+                    if self.leftover.len() - self.leftover_at + n > MAX_LEFTOVER {
+                        return Err(io::Error::other("peer left more than 64 MiB unread"));
+                    }
+                    self.leftover.extend_from_slice(&buf[..n]);
+                }
+                Err(e) if would_block(e) => return Ok(false),
+                Err(e) if e == Errno::CONNRESET => {
+                    self.eof = true;
+                    return Ok(true);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl TcpLink {
+    /// Wraps a connected, authenticated socket of communicator `comm`.
+    pub fn new(sock: TcpStream, comm: u64) -> io::Result<TcpLink> {
+        sock.set_nodelay(true)?;
+        sock.set_nonblocking(true)?;
+        let src = Source { sock, leftover: Vec::new(), leftover_at: 0, eof: false };
+        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm })
+    }
+
+    /// Walks the frames left in the stream: the last one says how the peer ended.
+    fn last_word(&self) -> Closed {
+        let mut rest = &self.src.leftover[self.src.leftover_at..];
+        loop {
+            if rest.is_empty() {
+                return Closed::Vanished(
+                    "connection closed without a goodbye (process exited or was killed)".into(),
+                );
+            }
+            let Some(head) = rest.first_chunk::<HEADER_LEN>() else {
+                return Closed::Vanished("connection closed in the middle of a frame".into());
+            };
+            let h = match Header::decode(head) {
+                Ok(h) => h,
+                Err(e) => {
+                    return Closed::Vanished(format!("connection closed after a bad frame: {e}"));
+                }
+            };
+            let body = h.len as usize + frame::pad_for(h.len as usize);
+            let Some(after) = rest.get(HEADER_LEN + body..) else {
+                return Closed::Vanished("connection closed in the middle of a frame".into());
+            };
+            match h.kind {
+                FrameKind::Goodbye if after.is_empty() => return Closed::Goodbye,
+                FrameKind::Abort => {
+                    let reason = &rest[HEADER_LEN..HEADER_LEN + h.len as usize];
+                    let reason = String::from_utf8_lossy(reason).into_owned();
+                    return Closed::Aborted { origin: h.root as usize, reason };
+                }
+                _ => rest = after,
+            }
+        }
+    }
+
+    /// Writes all of `bytes` within `patience`, waiting for room.
+    fn write_fully(&mut self, bytes: &[u8], patience: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + patience;
+        let mut done = 0;
+        while done < bytes.len() {
+            let n = self.write(&[IoSlice::new(&bytes[done..])])?;
+            done += n;
+            if n == 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "no room to say goodbye"));
+                }
+                let ts =
+                    rustix::time::Timespec { tv_sec: 0, tv_nsec: left.subsec_nanos().max(1_000_000) as i64 };
+                let mut fds = [PollFd::new(&self.src.sock, PollFlags::OUT)];
+                let _ = rustix::event::poll(&mut fds, Some(&ts));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Link for TcpLink {
+    fn write(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut control = rustix::net::SendAncillaryBuffer::default();
+        match rustix::net::sendmsg(
+            &self.src.sock,
+            parts,
+            &mut control,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            Ok(n) => Ok(n),
+            Err(e) if would_block(e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        debug_assert_eq!(self.staged, 0, "plain read in the middle of a staged payload");
+        self.src.read(dst)
+    }
+
+    fn read_with(&mut self, max: usize, align: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let want = max.min(STAGE);
+        if self.staged < want {
+            let stage: &mut [u8] = bytemuck::cast_slice_mut(&mut self.stage);
+            self.staged += self.src.read(&mut stage[self.staged..want])?;
+        }
+        let usable = self.staged - self.staged % align;
+        if usable == 0 {
+            return Ok(0);
+        }
+        let stage: &mut [u8] = bytemuck::cast_slice_mut(&mut self.stage);
+        f(&stage[..usable]);
+        stage.copy_within(usable..self.staged, 0);
+        self.staged -= usable;
+        Ok(usable)
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.src.sock.as_fd())
+    }
+
+    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+        if !self.src.drain()? {
+            return Ok(None);
+        }
+        Ok(Some(self.last_word()))
+    }
+
+    fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration) {
+        if at_boundary {
+            let (kind, origin, reason) = match farewell {
+                Farewell::Goodbye => (FrameKind::Goodbye, 0, &b""[..]),
+                Farewell::Abort { origin, reason } => {
+                    let cut = reason.len().min(frame::MAX_REASON);
+                    (FrameKind::Abort, *origin, &reason.as_bytes()[..cut])
+                }
+            };
+            let mut header = Header::control(kind, self.comm, reason.len());
+            // An abort names the rank where the failure began in the root field.
+            header.root = origin as u32;
+            let mut bytes = header.encode().to_vec();
+            bytes.extend_from_slice(reason);
+            bytes.resize(bytes.len() + frame::pad_for(reason.len()), 0);
+            // An abort is said in passing; a goodbye is worth waiting a little for.
+            let wait = if *farewell == Farewell::Goodbye { patience } else { Duration::ZERO };
+            let _ = self.write_fully(&bytes, wait);
+        }
+        let _ = rustix::net::shutdown(&self.src.sock, Shutdown::Write);
+        // Read what is already here, so closing does not reset the connection under a peer
+        // that is still reading our last bytes.
+        let _ = self.src.drain();
+    }
+}

@@ -1,0 +1,130 @@
+//! Handles on asynchronous operations: [`Work`] for one operation and its buffers, [`Event`]
+//! for "everything issued so far".
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The shared completion slot of one queued operation.
+#[derive(Default)]
+pub(crate) struct Completion {
+    state: Mutex<Slot>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    result: Option<Result<()>>,
+    /// Buffers the operation owns until it completes.
+    keep: Option<Box<dyn Any + Send>>,
+}
+
+impl Completion {
+    /// A slot that already holds `result`.
+    pub fn finished(result: Result<()>) -> Arc<Completion> {
+        let c = Arc::new(Completion::default());
+        c.finish(result);
+        c
+    }
+
+    /// Parks owned buffers here until the operation completes.
+    pub fn keep(&self, keep: Box<dyn Any + Send>) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).keep = Some(keep);
+    }
+
+    /// Records the outcome and wakes waiters.
+    pub fn finish(&self, result: Result<()>) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.result = Some(result);
+        self.cv.notify_all();
+    }
+
+    /// Records `result` unless an outcome is already known.
+    pub fn finish_if_pending(&self, result: Result<()>) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.result.is_none() {
+            s.result = Some(result);
+            self.cv.notify_all();
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).result.is_some()
+    }
+
+    /// Blocks until the outcome is known; returns it and the parked buffers.
+    fn wait(&self) -> (Result<()>, Option<Box<dyn Any + Send>>) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = &s.result {
+                return (r.clone(), s.keep.take());
+            }
+            // The progress thread always finishes an operation (each wait inside it has a
+            // deadline), so this wakes; the timeout only bounds a lost notification.
+            s = self.cv.wait_timeout(s, Duration::from_secs(1)).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Blocks until done; the outcome.
+    pub fn wait_result(&self) -> Result<()> {
+        self.wait().0
+    }
+}
+
+/// A handle on one asynchronous operation; [`Work::wait`] gives its buffers back.
+///
+/// Dropping a `Work` does not cancel the operation: it still runs (the collective needs
+/// every rank), and its buffers are freed when it completes.
+#[must_use = "an operation's buffers come back from Work::wait"]
+pub struct Work<B> {
+    done: Arc<Completion>,
+    _buffers: PhantomData<fn() -> B>,
+}
+
+impl<B: Send + 'static> Work<B> {
+    pub(crate) fn new(done: Arc<Completion>) -> Work<B> {
+        Work { done, _buffers: PhantomData }
+    }
+
+    /// Blocks until the operation has completed and returns its buffers. On failure the
+    /// buffers are dropped: their contents would be undefined.
+    pub fn wait(self) -> Result<B> {
+        let (result, keep) = self.done.wait();
+        result?;
+        keep.and_then(|k| k.downcast::<B>().ok())
+            .map(|b| *b)
+            .ok_or_else(|| Error::Internal("completed operation lost its buffers".into()))
+    }
+
+    /// Whether the operation has completed (successfully or not).
+    pub fn is_completed(&self) -> bool {
+        self.done.is_done()
+    }
+}
+
+/// Completes when every operation issued on a communicator before it has completed: the
+/// counterpart of recording an event on a CUDA stream. Cheap to clone and wait on from any
+/// thread.
+#[derive(Clone)]
+pub struct Event {
+    done: Arc<Completion>,
+}
+
+impl Event {
+    pub(crate) fn new(done: Arc<Completion>) -> Event {
+        Event { done }
+    }
+
+    /// Blocks until the event has completed; fails if the communicator failed before it.
+    pub fn wait(&self) -> Result<()> {
+        self.done.wait_result()
+    }
+
+    /// Whether the event has completed.
+    pub fn is_completed(&self) -> bool {
+        self.done.is_done()
+    }
+}
