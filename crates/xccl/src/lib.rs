@@ -73,7 +73,7 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use frame::CollKind;
 pub use reduce::{ReduceOp, reference_reduce};
-pub use work::{Event, Work};
+pub use work::{Event, OpSpan, Work};
 
 /// `half`'s 16-bit float types, which collectives accept as elements.
 pub use half::{bf16, f16};

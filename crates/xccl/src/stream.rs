@@ -14,16 +14,35 @@ use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, P2pFeed};
 use crate::frame::OpDesc;
 use crate::schedule::{Program, Region};
 use crate::transport::{Farewell, Waker};
-use crate::work::Completion;
+use crate::work::{Completion, OpSpan};
 
-/// One queued operation.
-pub(crate) enum Job {
+/// One queued operation, and when it was issued.
+pub(crate) struct Job {
+    pub op: JobOp,
+    pub issued: Instant,
+}
+
+impl Job {
+    pub fn new(op: JobOp) -> Job {
+        Job { op, issued: Instant::now() }
+    }
+
+    fn done(&self) -> &Arc<Completion> {
+        match &self.op {
+            JobOp::Coll { done, .. } | JobOp::P2p { done, .. } | JobOp::Marker { done } => done,
+        }
+    }
+}
+
+/// What a queued operation does.
+pub(crate) enum JobOp {
     /// A collective: its identity, schedule, buffers and result regions.
     Coll { desc: OpDesc, program: Program, bufs: Bufs, results: Vec<Region>, done: Arc<Completion> },
     /// One point-to-point message.
@@ -32,18 +51,10 @@ pub(crate) enum Job {
     Marker { done: Arc<Completion> },
 }
 
-impl Job {
-    fn done(&self) -> &Arc<Completion> {
-        match self {
-            Job::Coll { done, .. } | Job::P2p { done, .. } | Job::Marker { done } => done,
-        }
-    }
-}
-
-// SAFETY: the raw pointers inside a job point to buffers that the issuer keeps valid and
+// SAFETY: the raw pointers inside an operation point to buffers that the issuer keeps valid and
 // untouched until the job's completion is signalled (blocking calls wait for it; async calls
 // park the owned buffers in the completion); only the thread running the job dereferences them.
-unsafe impl Send for Job {}
+unsafe impl Send for JobOp {}
 
 struct Queue {
     jobs: VecDeque<Job>,
@@ -62,6 +73,8 @@ struct Shared {
     engine: Mutex<Engine>,
     /// Wakes the engine out of a wait when work is issued to a running batch.
     waker: Waker,
+    /// Spans of finished operations, while recording.
+    timeline: Mutex<Option<Vec<OpSpan>>>,
 }
 
 impl Shared {
@@ -78,6 +91,14 @@ impl Shared {
             engine.fail(Error::Internal("an earlier operation panicked inside xccl".into()));
             engine
         })
+    }
+
+    /// Adds a span if recording.
+    fn record(&self, name: impl FnOnce() -> String, bytes: usize, issued: Instant, started: Instant) {
+        let mut t = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(spans) = t.as_mut() {
+            spans.push(OpSpan { name: name(), bytes, issued, started, finished: Instant::now() });
+        }
     }
 
     /// Queues `job` behind everything there.
@@ -117,6 +138,7 @@ impl Stream {
             cv: Condvar::new(),
             waker: engine.waker(),
             engine: Mutex::new(engine),
+            timeline: Mutex::new(None),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -133,6 +155,22 @@ impl Stream {
         q.next_seq += 1;
         self.shared.enqueue(q, make(seq));
         seq
+    }
+
+    /// Starts (or stops, dropping what was recorded) recording operation spans.
+    pub fn record_timeline(&self, on: bool) {
+        *self.shared.timeline.lock().unwrap_or_else(PoisonError::into_inner) = on.then(Vec::new);
+    }
+
+    /// Takes the spans recorded so far.
+    pub fn take_timeline(&self) -> Vec<OpSpan> {
+        self.shared
+            .timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Queues a job that takes no sequence number (point-to-point, marker).
@@ -224,26 +262,41 @@ fn progress(shared: &Shared) {
 /// point-to-point job at the head of the queue as it is issued.
 struct QueueFeed<'a> {
     shared: &'a Shared,
-    first: Option<(P2p, Arc<Completion>)>,
+    first: Option<(P2p, Arc<Completion>, Instant)>,
     dones: Vec<Arc<Completion>>,
+    msgs: Vec<P2p>,
+    /// When each message was issued and taken in.
+    times: Vec<(Instant, Instant)>,
 }
 
 impl P2pFeed for QueueFeed<'_> {
     fn fetch(&mut self, into: &mut Vec<P2p>) {
-        if let Some((msg, done)) = self.first.take() {
+        if let Some((msg, done, issued)) = self.first.take() {
+            self.msgs.push(msg);
             into.push(msg);
             self.dones.push(done);
+            self.times.push((issued, Instant::now()));
         }
         let mut q = self.shared.queue();
-        while matches!(q.jobs.front(), Some(Job::P2p { .. })) {
-            if let Some(Job::P2p { msg, done }) = q.jobs.pop_front() {
+        while matches!(q.jobs.front(), Some(Job { op: JobOp::P2p { .. }, .. })) {
+            if let Some(Job { op: JobOp::P2p { msg, done }, issued }) = q.jobs.pop_front() {
+                self.msgs.push(msg);
                 into.push(msg);
                 self.dones.push(done);
+                self.times.push((issued, Instant::now()));
             }
         }
     }
 
     fn complete(&mut self, index: usize) {
+        let (issued, started) = self.times[index];
+        let m = self.msgs[index];
+        let name = || {
+            let (verb, dir) = if m.send { ("send", "to") } else { ("recv", "from") };
+            format!("{verb} {dir} {} (tag {}, {} x {})", m.peer, m.tag, m.dtype, m.len / m.dtype.size())
+        };
+        // Recorded before the waiter wakes, so that its next look at the timeline sees it.
+        self.shared.record(name, m.len, issued, started);
         self.dones[index].finish(Ok(()));
     }
 }
@@ -267,15 +320,25 @@ impl Drop for QueueFeed<'_> {
 
 /// Runs one job taken from the queue (a point-to-point job starts a batch).
 fn run(shared: &Shared, engine: &mut Engine, job: Job) {
-    match job {
-        Job::Coll { desc, program, bufs, results, done } => {
-            done.finish(engine.collective(&desc, &program, &bufs, &results));
+    let Job { op, issued } = job;
+    let started = Instant::now();
+    match op {
+        JobOp::Coll { desc, program, bufs, results, done } => {
+            let result = engine.collective(&desc, &program, &bufs, &results);
+            shared.record(|| desc.to_string(), bufs.input_len, issued, started);
+            done.finish(result);
         }
-        Job::Marker { done } => {
+        JobOp::Marker { done } => {
             done.finish(engine.dead().map_or(Ok(()), |e| Err(Error::Aborted(Box::new(e.clone())))));
         }
-        Job::P2p { msg, done } => {
-            let mut feed = QueueFeed { shared, first: Some((msg, done)), dones: Vec::new() };
+        JobOp::P2p { msg, done } => {
+            let mut feed = QueueFeed {
+                shared,
+                first: Some((msg, done, issued)),
+                dones: Vec::new(),
+                msgs: Vec::new(),
+                times: Vec::new(),
+            };
             if let Err(e) = engine.p2p(&mut feed) {
                 feed.fail_pending(&e);
             }

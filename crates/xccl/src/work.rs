@@ -128,3 +128,20 @@ impl Event {
         self.done.is_done()
     }
 }
+
+/// When one operation ran on this rank: for timelines and traces
+/// ([`Communicator::record_timeline`](crate::Communicator::record_timeline)).
+#[derive(Clone, Debug)]
+pub struct OpSpan {
+    /// The operation, as errors name it: `all_reduce #17 (f32 x 1024, sum, ring)`,
+    /// `send to 3 (tag 1)`.
+    pub name: String,
+    /// Bytes of this rank's input (collectives) or of the message (point-to-point).
+    pub bytes: usize,
+    /// When the call was made.
+    pub issued: std::time::Instant,
+    /// When the operation started to run.
+    pub started: std::time::Instant,
+    /// When it completed (or failed).
+    pub finished: std::time::Instant,
+}

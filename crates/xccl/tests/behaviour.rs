@@ -273,3 +273,31 @@ fn a_rank_that_never_comes_times_out_naming_the_operation() {
         }
     }
 }
+
+#[test]
+fn the_timeline_records_every_operation_in_order() {
+    on_ranks(2, test_config(), |c| {
+        assert!(c.take_timeline().is_empty(), "nothing is recorded until asked");
+        c.record_timeline(true);
+        let mut v = vec![1f32; 1000];
+        c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+        let w = c.broadcast_async(vec![0u8; 10], 1);
+        if c.rank() == 0 {
+            c.send(&[1i64; 3], 1, 4).unwrap();
+        } else {
+            c.recv(&mut [0i64; 3], 0, 4).unwrap();
+        }
+        w.wait().unwrap();
+        let spans = c.take_timeline();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(spans.len(), 3, "{names:?}");
+        assert!(names[0].starts_with("all_reduce #0 (f32 x 1000"), "{names:?}");
+        assert!(names[1].starts_with("broadcast #1"), "{names:?}");
+        assert!(names[2].starts_with(if c.rank() == 0 { "send to 1 (tag 4" } else { "recv from 0 (tag 4" }));
+        assert_eq!(spans[0].bytes, 4000);
+        for s in &spans {
+            assert!(s.issued <= s.started && s.started <= s.finished);
+        }
+        assert!(c.take_timeline().is_empty(), "taken spans are gone");
+    });
+}

@@ -17,10 +17,10 @@ use crate::exec::{Bufs, Engine, P2p, Tuning};
 use crate::frame::{CollKind, OpDesc};
 use crate::reduce::ReduceOp;
 use crate::schedule::Region;
-use crate::stream::{Job, Stream};
+use crate::stream::{Job, JobOp, Stream};
 use crate::transport::Links;
 use crate::transport::local::{self, LocalMesh};
-use crate::work::{Completion, Event, Work};
+use crate::work::{Completion, Event, OpSpan, Work};
 
 /// A group of ranks that run collectives together.
 ///
@@ -240,10 +240,22 @@ impl Communicator {
         }
     }
 
+    /// Starts recording when each operation of this communicator ran (or stops, dropping
+    /// what was recorded); see [`Communicator::take_timeline`].
+    pub fn record_timeline(&self, on: bool) {
+        self.inner.stream.record_timeline(on);
+    }
+
+    /// The spans of the operations that finished since recording started or since the last
+    /// call, oldest first. Empty when not recording.
+    pub fn take_timeline(&self) -> Vec<OpSpan> {
+        self.inner.stream.take_timeline()
+    }
+
     /// An event that completes when every operation issued before it has completed.
     pub fn record_event(&self) -> Event {
         let done = Arc::new(Completion::default());
-        self.inner.stream.submit_unsequenced(Job::Marker { done: done.clone() });
+        self.inner.stream.submit_unsequenced(Job::new(JobOp::Marker { done: done.clone() }));
         Event::new(done)
     }
 
@@ -281,12 +293,14 @@ impl Communicator {
         let plan = plan?;
         let done = Arc::new(Completion::default());
         let d2 = done.clone();
-        let make = move |seq| Job::Coll {
-            desc: OpDesc { seq, ..plan.desc },
-            program: plan.program,
-            bufs,
-            results: plan.results,
-            done: d2,
+        let make = move |seq| {
+            Job::new(JobOp::Coll {
+                desc: OpDesc { seq, ..plan.desc },
+                program: plan.program,
+                bufs,
+                results: plan.results,
+                done: d2,
+            })
         };
         // `run` returns after the job completed: the buffers behind `bufs` stay borrowed
         // until then.
@@ -308,12 +322,14 @@ impl Communicator {
                 // Park the buffers first: moving them does not move their heap memory.
                 done.keep(Box::new(keep));
                 let d2 = done.clone();
-                self.inner.stream.submit(move |seq| Job::Coll {
-                    desc: OpDesc { seq, ..plan.desc },
-                    program: plan.program,
-                    bufs,
-                    results: plan.results,
-                    done: d2,
+                self.inner.stream.submit(move |seq| {
+                    Job::new(JobOp::Coll {
+                        desc: OpDesc { seq, ..plan.desc },
+                        program: plan.program,
+                        bufs,
+                        results: plan.results,
+                        done: d2,
+                    })
                 });
                 Work::new(done)
             }
@@ -334,7 +350,7 @@ impl Communicator {
     /// Runs one point-to-point message on borrowed memory, returning once it completed.
     fn p2p_block(&self, msg: P2p) -> Result<()> {
         let done = Arc::new(Completion::default());
-        self.inner.stream.run_unsequenced(Job::P2p { msg, done: done.clone() }, &done);
+        self.inner.stream.run_unsequenced(Job::new(JobOp::P2p { msg, done: done.clone() }), &done);
         done.wait_result()
     }
 }

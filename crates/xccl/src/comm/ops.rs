@@ -239,7 +239,10 @@ impl Communicator {
         let msg: P2p = p2p(send, peer, tag, buf.as_mut_ptr(), buf.len());
         let done = Arc::new(Completion::default());
         done.keep(Box::new(buf));
-        self.inner.stream.submit_unsequenced(crate::stream::Job::P2p { msg, done: done.clone() });
+        self.inner.stream.submit_unsequenced(crate::stream::Job::new(crate::stream::JobOp::P2p {
+            msg,
+            done: done.clone(),
+        }));
         Work::new(done)
     }
 
