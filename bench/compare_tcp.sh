@@ -34,6 +34,9 @@ mkdir -p "$OUT"
 for rep in $(seq 1 "$REPS"); do
   "$PRIO" bash -c 'iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 & s=$!; sleep 1; iperf3 -c 127.0.0.1 -p 5299 -t 5 -f g; wait $s' \
     > "$OUT/iperf3_r$rep.txt" 2>&1
+  # Both directions at once: what an all-reduce needs (each rank sends and receives).
+  "$PRIO" bash -c 'iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 & s=$!; sleep 1; iperf3 -c 127.0.0.1 -p 5299 -t 5 -f g --bidir; wait $s' \
+    > "$OUT/iperf3bidir_r$rep.txt" 2>&1
   for np in $NPS; do
     "$PRIO" "$PY" "$PEERS/gloo_allreduce.py" -n "$np" --ops all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" \
       > "$OUT/gloo_n${np}_r$rep.txt" 2>&1

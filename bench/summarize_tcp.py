@@ -25,6 +25,13 @@ for path in glob.glob(os.path.join(out, "iperf3_r*.txt")):
             if m:
                 iperf.append(float(m.group(1)) / 8)
 iperf_gbs = statistics.median(iperf) if iperf else float("nan")
+bidir = []  # both directions together, per repetition
+for path in glob.glob(os.path.join(out, "iperf3bidir_r*.txt")):
+    rates = [float(m.group(1)) / 8 for line in open(path) if "receiver" in line
+             for m in [re.search(r"([\d.]+) Gbits/sec", line)] if m]
+    if rates:
+        bidir.append(sum(rates))
+bidir_gbs = statistics.median(bidir) if bidir else float("nan")
 
 labels = {"gloo": "PyTorch gloo (in-place)", "xccl": "xccl (out-of-place)", "xcclinplace": "xccl (in-place)"}
 impls = [i for i in ("gloo", "xccl", "xcclinplace") if any(k[0] == i for k in rows)]
@@ -32,7 +39,8 @@ ns = sorted({k[1] for k in rows})
 sizes = sorted({k[2] for k in rows})
 med = lambda k, i: statistics.median(x[i] for x in rows[k]) if rows.get(k) else float("nan")
 
-print(f"loopback TCP, iperf3 1 stream: {iperf_gbs:.2f} GB/s (median of {len(iperf)})\n")
+print(f"loopback TCP, iperf3 1 stream: {iperf_gbs:.2f} GB/s (median of {len(iperf)}); "
+      f"both directions at once (--bidir), sum: {bidir_gbs:.2f} GB/s (median of {len(bidir)})\n")
 for n in ns:
     print(f"### all_reduce, {n} ranks: time (us) / busbw (GB/s), median of repetitions\n")
     print("| size | " + " | ".join(labels[i] for i in impls) + " | xccl in-place / gloo busbw | xccl in-place busbw / iperf3 |")
