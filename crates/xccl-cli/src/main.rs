@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod run;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Launch local ranks and run and check every collective.
     Demo(demo::DemoArgs),
+    /// Prove every algorithm correct on every world size, symbolically.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,5 +47,6 @@ fn main() -> ExitCode {
             }
         },
         Command::Demo(args) => demo::run(&args),
+        Command::Verify(args) => verify::run(&args),
     }
 }

@@ -13,6 +13,8 @@ use crate::error::{Error, Result};
 /// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
+/// | `XCCL_SHM` | `0` to use TCP between processes of one host instead of shared memory | `1` |
+/// | `XCCL_SHM_RING_BYTES` | bytes per shared-memory ring | by ranks per host: 4 MiB up to 4, 1 MiB up to 16, 256 KiB beyond |
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// Longest wait without progress before an operation fails.
@@ -23,6 +25,21 @@ pub struct Config {
     pub tcp_segment: usize,
     /// Most bytes of point-to-point messages kept before a matching receive is posted.
     pub max_unexpected: usize,
+    /// Whether processes of one host talk through shared memory.
+    pub shm: bool,
+    /// Bytes per shared-memory ring; `None` sizes rings by the number of ranks per host.
+    pub shm_ring: Option<usize>,
+}
+
+impl Config {
+    /// Bytes per shared-memory ring for `m` ranks on a host.
+    pub fn shm_ring_for(&self, m: usize) -> usize {
+        self.shm_ring.unwrap_or(match m {
+            0..=4 => 4 << 20,
+            5..=16 => 1 << 20,
+            _ => 256 << 10,
+        })
+    }
 }
 
 impl Default for Config {
@@ -32,6 +49,8 @@ impl Default for Config {
             algos: AlgoOverrides::default(),
             tcp_segment: 1 << 20,
             max_unexpected: 256 << 20,
+            shm: true,
+            shm_ring: None,
         }
     }
 }
@@ -57,6 +76,20 @@ impl Config {
         }
         if let Some(v) = lookup("XCCL_SEGMENT_BYTES") {
             c.tcp_segment = parse_bytes("XCCL_SEGMENT_BYTES", &v, 4 << 10, crate::frame::MAX_PAYLOAD)?;
+        }
+        if let Some(v) = lookup("XCCL_SHM") {
+            c.shm = match v.trim() {
+                "0" | "false" | "off" | "no" => false,
+                "1" | "true" | "on" | "yes" => true,
+                _ => return Err(Error::Config(format!("XCCL_SHM='{v}' is not 0 or 1"))),
+            };
+        }
+        if let Some(v) = lookup("XCCL_SHM_RING_BYTES") {
+            let b = parse_bytes("XCCL_SHM_RING_BYTES", &v, 64 << 10, 1 << 30)?;
+            if !b.is_power_of_two() {
+                return Err(Error::Config(format!("XCCL_SHM_RING_BYTES='{v}' must be a power of two")));
+            }
+            c.shm_ring = Some(b);
         }
         if let Some(v) = lookup("XCCL_MAX_UNEXPECTED_BYTES") {
             c.max_unexpected = parse_bytes("XCCL_MAX_UNEXPECTED_BYTES", &v, 0, usize::MAX)?;

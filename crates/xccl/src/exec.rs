@@ -199,8 +199,6 @@ struct Stashed {
 /// How the executor behaves; fixed per communicator.
 #[derive(Clone, Debug)]
 pub(crate) struct Tuning {
-    /// Largest frame payload in bytes.
-    pub seg: usize,
     /// Longest wait without progress before an operation fails.
     pub timeout: Duration,
     /// Most bytes of unexpected point-to-point messages kept at once.
@@ -213,6 +211,8 @@ pub(crate) struct Engine {
     nranks: usize,
     comm: u64,
     links: Links,
+    /// Largest frame payload per peer, as its link prefers.
+    seg: Vec<usize>,
     tuning: Tuning,
     inbound: Vec<Inbound>,
     /// Partial point-to-point message per peer: where its further frames go.
@@ -274,8 +274,10 @@ fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
 }
 
 impl Engine {
-    pub fn new(rank: usize, nranks: usize, comm: u64, links: Links, tuning: Tuning) -> Engine {
+    pub fn new(rank: usize, nranks: usize, comm: u64, mut links: Links, tuning: Tuning) -> Engine {
+        let seg = (0..nranks).map(|p| links.link(p).map_or(0, |l| l.max_frame())).collect();
         Engine {
+            seg,
             rank,
             nranks,
             comm,
@@ -599,7 +601,7 @@ impl Engine {
         (0..self.nranks)
             .map(|peer| {
                 let write = self.out[peer].is_some()
-                    || run.next_send(peer).is_some_and(|i| run.send_ready(i, self.tuning.seg) > 0);
+                    || run.next_send(peer).is_some_and(|i| run.send_ready(i, self.seg[peer]) > 0);
                 let read = match &self.inbound[peer] {
                     Inbound::Idle => run.expects_from(peer),
                     Inbound::Header { .. } | Inbound::Pad { .. } => true,
@@ -644,7 +646,7 @@ impl Engine {
         loop {
             if self.out[peer].is_none() {
                 let Some(i) = run.next_send(peer) else { break };
-                let ready = run.send_ready(i, self.tuning.seg);
+                let ready = run.send_ready(i, self.seg[peer]);
                 // An empty message still goes out, as a bare header.
                 if ready == 0 && run.tasks[i].span.len > 0 {
                     break;

@@ -65,6 +65,7 @@ mod reduce;
 pub mod schedule;
 mod stream;
 mod transport;
+pub mod verify;
 mod work;
 
 pub use comm::Communicator;

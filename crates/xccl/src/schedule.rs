@@ -254,6 +254,13 @@ impl Blocks {
     pub fn region(&self, buf: Buf, i: usize) -> Region {
         Region::new(buf, self.offsets[i], self.lens[i])
     }
+
+    /// Blocks `a..b` (consecutive) as one region of `buf`.
+    pub fn span(&self, buf: Buf, a: usize, b: usize) -> Region {
+        let start = self.offsets.get(a).copied().unwrap_or_else(|| self.total());
+        let end = if b > a { self.offsets[b - 1] + self.lens[b - 1] } else { start };
+        Region::new(buf, start, end - start)
+    }
 }
 
 #[cfg(test)]

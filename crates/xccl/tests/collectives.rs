@@ -344,3 +344,79 @@ fn wrong_arguments_are_reported_not_panicked() {
         assert_eq!(v[0], 3);
     });
 }
+
+/// Runs one collective of `kind` with `len` elements per block on every rank and checks it.
+fn run_and_check<T: Small>(c: &Communicator, kind: CollKind, len: usize, root: usize, what: &str) {
+    let (n, r) = (c.size(), c.rank());
+    let op = ReduceOp::Sum;
+    match kind {
+        CollKind::AllReduce => {
+            let mut v = input::<T>(op, r, len, 5);
+            c.all_reduce(&mut v, op).unwrap();
+            assert_each(&v, |i| expected::<T>(op, n, i, 5), what);
+            let mut out = vec![T::small(1); len];
+            c.all_reduce_into(&input::<T>(ReduceOp::Max, r, len, 6), &mut out, ReduceOp::Max).unwrap();
+            assert_each(&out, |i| expected::<T>(ReduceOp::Max, n, i, 6), what);
+        }
+        CollKind::AllGather => {
+            let mut out = vec![T::small(0); len * n];
+            c.all_gather(&input::<T>(op, r, len, 7), &mut out).unwrap();
+            assert_each(&out, |k| val(op, k / len.max(1), k % len.max(1), 7), what);
+            let counts: Vec<usize> = (0..n).map(|k| (len + k) % 3 * (len / 3 + 1)).collect();
+            let mut out = vec![T::small(0); counts.iter().sum()];
+            c.all_gather_v(&input::<T>(op, r, counts[r], 8), &mut out, &counts).unwrap();
+            let want: Vec<T> =
+                (0..n).flat_map(|k| (0..counts[k]).map(move |i| val::<T>(op, k, i, 8))).collect();
+            assert_eq!(out, want, "{what} (v)");
+        }
+        CollKind::ReduceScatter => {
+            let mut out = vec![T::small(0); len];
+            c.reduce_scatter(&input::<T>(op, r, len * n, 9), &mut out, op).unwrap();
+            assert_each(&out, |i| expected::<T>(op, n, r * len + i, 9), what);
+        }
+        CollKind::Broadcast => {
+            let mut v = input::<T>(op, r, len, 10);
+            c.broadcast(&mut v, root).unwrap();
+            assert_each(&v, |i| val(op, root, i, 10), what);
+        }
+        CollKind::AllToAll => {
+            let code = |s: usize, d: usize, i: usize| T::small(((s * 13 + d * 5 + i) % 90) as i64);
+            let inp: Vec<T> = (0..len * n).map(|k| code(r, k / len.max(1), k % len.max(1))).collect();
+            let mut out = vec![T::small(0); len * n];
+            c.all_to_all(&inp, &mut out).unwrap();
+            assert_each(&out, |k| code(k / len.max(1), r, k % len.max(1)), what);
+        }
+        other => unreachable!("{other} has a single algorithm"),
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_reference() {
+    // Counts: empty, tiny, not divisible, and several hundred KiB (many segments of a ring).
+    let lens = [0usize, 1, 5, 1021, 150_001];
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::AllToAll,
+    ] {
+        for &algo in Algorithm::for_collective(kind) {
+            for n in [1, 2, 3, 4, 5, 7, 8] {
+                if !algo.supports(kind, n, &xccl::algo::Shape::Count(1)) {
+                    continue;
+                }
+                let mut config = test_config();
+                config.algos.set(kind, algo).unwrap();
+                on_ranks(n, config, |c| {
+                    for &len in &lens {
+                        let root = (len + 1) % n;
+                        let what = format!("{kind} by {algo}, n {n}, len {len}");
+                        run_and_check::<f32>(c, kind, len, root, &what);
+                        run_and_check::<i64>(c, kind, len / 3, root, &what);
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The TCP transport with ranks as threads (real sockets, a real store, the handshake):
-//! a representative subset of collectives, splits, failures and bad peers.
+//! a representative subset of collectives, splits, failures and bad peers. Every rank gets
+//! its own host key, so all of them talk TCP.
 
 mod common;
 
@@ -18,6 +19,7 @@ fn rendezvous(rank: usize, size: usize, store: &str, auth: &Auth) -> Rendezvous 
         serve_store: false,
         auth: auth.clone(),
         timeout: Duration::from_secs(20),
+        host: format!("host-of-rank-{rank}"),
         launcher: "test",
     }
 }

@@ -6,11 +6,20 @@
 //! All ranks must run the same algorithm; the choice travels in every frame header, so a
 //! rank configured differently gets a mismatch error rather than a deadlock.
 
+mod bruck;
+mod chain;
+mod dbtree;
 mod dissemination;
+mod fold;
+mod hierarchical;
 mod linear;
 mod pairwise;
+mod rabenseifner;
+mod recursive_doubling;
+mod recursive_halving;
 mod reduce_broadcast;
 mod ring;
+mod scatter_allgather;
 mod tree;
 
 use std::collections::HashMap;
@@ -38,16 +47,41 @@ pub enum Algorithm {
     ReduceBroadcast = 5,
     /// Barrier by dissemination: `⌈log2 n⌉` rounds of messages to `rank + 2^k`.
     Dissemination = 6,
+    /// Recursive doubling (hypercube exchange): `log2 n` rounds moving the whole buffer.
+    RecursiveDoubling = 7,
+    /// Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather.
+    Rabenseifner = 8,
+    /// Two binary trees, each carrying half the data, with disjoint inner nodes.
+    DoubleBinaryTree = 9,
+    /// Reduce inside hosts, ring among host leaders, broadcast inside hosts.
+    Hierarchical = 10,
+    /// Bruck: `⌈log2 n⌉` rounds for any `n` (small messages).
+    Bruck = 11,
+    /// Recursive halving: `log2 n` rounds, halving the data each time.
+    RecursiveHalving = 12,
+    /// Broadcast as scatter + ring all-gather.
+    ScatterAllGather = 13,
+    /// Pipelined chain broadcast.
+    Chain = 14,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 6] = [
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 14] = [
         Algorithm::Ring,
         Algorithm::Binomial,
         Algorithm::Linear,
         Algorithm::Pairwise,
         Algorithm::ReduceBroadcast,
         Algorithm::Dissemination,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
+        Algorithm::DoubleBinaryTree,
+        Algorithm::Hierarchical,
+        Algorithm::Bruck,
+        Algorithm::RecursiveHalving,
+        Algorithm::ScatterAllGather,
+        Algorithm::Chain,
     ];
 
     /// The name used in `XCCL_ALGO` and in messages.
@@ -59,6 +93,14 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise",
             Algorithm::ReduceBroadcast => "reduce_broadcast",
             Algorithm::Dissemination => "dissemination",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::DoubleBinaryTree => "dbtree",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Bruck => "bruck",
+            Algorithm::RecursiveHalving => "recursive_halving",
+            Algorithm::ScatterAllGather => "scatter_allgather",
+            Algorithm::Chain => "chain",
         }
     }
 
@@ -67,16 +109,38 @@ impl Algorithm {
         Algorithm::ALL.iter().find(|a| **a as u8 == tag).map_or("unknown algorithm", |a| a.name())
     }
 
-    /// The algorithms that implement `kind`, the default first.
+    /// The algorithms that implement `kind`, the fallback default first.
     pub fn for_collective(kind: CollKind) -> &'static [Algorithm] {
+        use Algorithm as A;
         match kind {
-            CollKind::AllReduce => &[Algorithm::Ring, Algorithm::ReduceBroadcast],
-            CollKind::AllGather | CollKind::ReduceScatter => &[Algorithm::Ring],
-            CollKind::Broadcast | CollKind::Reduce => &[Algorithm::Binomial],
-            CollKind::Scatter | CollKind::Gather => &[Algorithm::Linear],
-            CollKind::AllToAll => &[Algorithm::Pairwise],
-            CollKind::Barrier => &[Algorithm::Dissemination],
+            CollKind::AllReduce => &[
+                A::Ring,
+                A::ReduceBroadcast,
+                A::RecursiveDoubling,
+                A::Rabenseifner,
+                A::DoubleBinaryTree,
+                A::Hierarchical,
+            ],
+            CollKind::AllGather => &[A::Ring, A::RecursiveDoubling, A::Bruck],
+            CollKind::ReduceScatter => &[A::Ring, A::RecursiveHalving],
+            CollKind::Broadcast => &[A::Binomial, A::ScatterAllGather, A::Chain],
+            CollKind::Reduce => &[A::Binomial],
+            CollKind::Scatter | CollKind::Gather => &[A::Linear],
+            CollKind::AllToAll => &[A::Pairwise, A::Bruck],
+            CollKind::Barrier => &[A::Dissemination],
             CollKind::SendRecv => &[],
+        }
+    }
+
+    /// Whether this algorithm can run `kind` on `n` ranks with this data layout.
+    pub fn supports(self, kind: CollKind, n: usize, shape: &Shape) -> bool {
+        if !Algorithm::for_collective(kind).contains(&self) {
+            return false;
+        }
+        match (kind, self) {
+            (CollKind::AllGather, Algorithm::RecursiveDoubling) => n.is_power_of_two(),
+            (CollKind::AllToAll, Algorithm::Bruck) => matches!(shape, Shape::Count(_)),
+            _ => true,
         }
     }
 }
@@ -171,37 +235,60 @@ pub fn choose(kind: CollKind, overrides: &AlgoOverrides) -> Algorithm {
     overrides.0.get(&kind).copied().unwrap_or_else(|| Algorithm::for_collective(kind)[0])
 }
 
-/// The schedule of collective `kind` by `algo` for `rank` of `nranks`.
+/// The schedule of collective `kind` by `algo` for `rank`; `hosts[r]` names the host of
+/// rank `r` (its length is the number of ranks).
 pub fn build(
     kind: CollKind,
     algo: Algorithm,
     rank: usize,
-    nranks: usize,
+    hosts: &[usize],
     root: usize,
     shape: &Shape,
 ) -> Result<Program> {
     use Algorithm as A;
     use CollKind as K;
+    let n = hosts.len();
+    if !algo.supports(kind, n, shape) {
+        return Err(Error::Config(format!("{algo} cannot run {kind} on {n} ranks with {shape:?}")));
+    }
     if *shape == Shape::Count(0) && kind != CollKind::Barrier {
         // Every rank passes the same count, so all agree there is nothing to do.
         return Ok(Program::new());
     }
     let program = match (kind, algo, shape) {
-        (K::AllReduce, A::Ring, Shape::Count(c)) => ring::all_reduce(rank, nranks, *c),
-        (K::AllReduce, A::ReduceBroadcast, Shape::Count(c)) => reduce_broadcast::all_reduce(rank, nranks, *c),
-        (K::AllGather, A::Ring, Shape::Count(c)) => ring::all_gather(rank, &Blocks::uniform(*c, nranks)),
+        (K::AllReduce, A::Ring, Shape::Count(c)) => ring::all_reduce(rank, n, *c),
+        (K::AllReduce, A::ReduceBroadcast, Shape::Count(c)) => reduce_broadcast::all_reduce(rank, n, *c),
+        (K::AllReduce, A::RecursiveDoubling, Shape::Count(c)) => recursive_doubling::all_reduce(rank, n, *c),
+        (K::AllReduce, A::Rabenseifner, Shape::Count(c)) => rabenseifner::all_reduce(rank, n, *c),
+        (K::AllReduce, A::DoubleBinaryTree, Shape::Count(c)) => dbtree::all_reduce(rank, n, *c),
+        (K::AllReduce, A::Hierarchical, Shape::Count(c)) => hierarchical::all_reduce(rank, hosts, *c),
+        (K::AllGather, _, Shape::Count(c)) => {
+            return build(kind, algo, rank, hosts, root, &Shape::Gather(Blocks::uniform(*c, n)));
+        }
         (K::AllGather, A::Ring, Shape::Gather(blocks)) => ring::all_gather(rank, blocks),
-        (K::ReduceScatter, A::Ring, Shape::Count(c)) => ring::reduce_scatter(rank, nranks, *c),
-        (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, nranks, *c, root),
-        (K::Reduce, A::Binomial, Shape::Count(c)) => tree::reduce(rank, nranks, *c, root),
-        (K::Scatter, A::Linear, Shape::Count(c)) => linear::scatter(rank, nranks, *c, root),
-        (K::Gather, A::Linear, Shape::Count(c)) => linear::gather(rank, nranks, *c, root),
+        (K::AllGather, A::RecursiveDoubling, Shape::Gather(blocks)) => {
+            recursive_doubling::all_gather(rank, blocks)
+        }
+        (K::AllGather, A::Bruck, Shape::Gather(blocks)) => bruck::all_gather(rank, blocks),
+        (K::ReduceScatter, A::Ring, Shape::Count(c)) => ring::reduce_scatter(rank, n, *c),
+        (K::ReduceScatter, A::RecursiveHalving, Shape::Count(c)) => {
+            recursive_halving::reduce_scatter(rank, n, *c)
+        }
+        (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, n, *c, root),
+        (K::Broadcast, A::ScatterAllGather, Shape::Count(c)) => {
+            scatter_allgather::broadcast(rank, n, *c, root)
+        }
+        (K::Broadcast, A::Chain, Shape::Count(c)) => chain::broadcast(rank, n, *c, root),
+        (K::Reduce, A::Binomial, Shape::Count(c)) => tree::reduce(rank, n, *c, root),
+        (K::Scatter, A::Linear, Shape::Count(c)) => linear::scatter(rank, n, *c, root),
+        (K::Gather, A::Linear, Shape::Count(c)) => linear::gather(rank, n, *c, root),
         (K::AllToAll, A::Pairwise, Shape::Count(c)) => {
-            let b = Blocks::uniform(*c, nranks);
+            let b = Blocks::uniform(*c, n);
             pairwise::all_to_all(rank, &b, &b)
         }
         (K::AllToAll, A::Pairwise, Shape::Exchange { send, recv }) => pairwise::all_to_all(rank, send, recv),
-        (K::Barrier, A::Dissemination, Shape::Count(0)) => dissemination::barrier(rank, nranks),
+        (K::AllToAll, A::Bruck, Shape::Count(c)) => bruck::all_to_all(rank, n, *c),
+        (K::Barrier, A::Dissemination, Shape::Count(0)) => dissemination::barrier(rank, n),
         _ => {
             return Err(Error::Internal(format!("no schedule for {kind} by {algo} with {shape:?}")));
         }
@@ -231,7 +318,12 @@ mod tests {
                 for n in 1..=9 {
                     for rank in 0..n {
                         let count = if kind == CollKind::Barrier { 0 } else { 13 };
-                        let p = build(kind, algo, rank, n, n / 2, &Shape::Count(count)).unwrap();
+                        let shape = Shape::Count(count);
+                        if !algo.supports(kind, n, &shape) {
+                            continue;
+                        }
+                        let hosts: Vec<usize> = (0..n).map(|r| r / 3).collect();
+                        let p = build(kind, algo, rank, &hosts, n / 2, &shape).unwrap();
                         let (input, output) = match kind {
                             CollKind::Scatter | CollKind::ReduceScatter => (count * n, count),
                             CollKind::Gather | CollKind::AllGather => (count, count * n),

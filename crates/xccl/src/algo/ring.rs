@@ -1,78 +1,91 @@
-//! Ring schedules: every rank sends to `rank + 1` and receives from `rank - 1`.
+//! Ring schedules: every rank sends to the next member and receives from the previous one.
 //!
-//! Reduce-scatter takes `n - 1` steps; in step `s` rank `r` passes on the partial sum of
-//! block `r - s - 1` and folds its own contribution into block `r - s - 2`, so after the
-//! last step it holds block `r` reduced over all ranks. All-gather takes `n - 1` steps that
-//! pass every completed block once around the ring. All-reduce is the two back to back: each
-//! rank sends and receives `2 (n - 1) / n` of the buffer, the bandwidth optimum.
+//! Reduce-scatter takes `n - 1` steps; in step `s` member `i` passes on the partial sum of
+//! block `i - s - 1` and folds its own contribution into block `i - s - 2`, so after the
+//! last step it holds block `i` reduced over all members. All-gather takes `n - 1` steps
+//! that pass every completed block once around the ring. All-reduce is the two back to back:
+//! each rank sends and receives `2 (n - 1) / n` of the buffer, the bandwidth optimum.
+//!
+//! The step helpers work on any list of members (ranks in ring order); block `i` belongs to
+//! member `i`.
 
 use crate::schedule::{Blocks, Buf, Program, Region};
 
-fn neighbours(rank: usize, n: usize) -> (usize, usize) {
-    ((rank + 1) % n, (rank + n - 1) % n)
+/// Member `me`'s position in `members`, and the ranks after and before it.
+fn place(me: usize, members: &[usize]) -> (usize, usize, usize) {
+    let n = members.len();
+    let i = members.iter().position(|&m| m == me).expect("rank is a member of its ring");
+    (i, members[(i + 1) % n], members[(i + n - 1) % n])
 }
 
-/// Block `rank - back` modulo `n`.
-fn behind(rank: usize, back: usize, n: usize) -> usize {
-    (rank + n * 2 - back % n) % n
+/// Block `i - back` modulo `n`.
+fn behind(i: usize, back: usize, n: usize) -> usize {
+    (i + n * 2 - back % n) % n
 }
 
-/// Appends the `n - 1` reduce-scatter steps. Partial results of block `b` after step `s`
-/// live in `acc(s, b)`; the last step writes block `rank` to `last`.
-fn reduce_scatter_steps(
+/// Appends the `n - 1` reduce-scatter steps. The first step reads and combines with blocks of
+/// `first`; partial results of block `b` after step `s` live in `acc(s, b)`; the last step
+/// writes this member's block to `last`.
+pub(super) fn reduce_scatter_steps(
     p: &mut Program,
-    rank: usize,
+    me: usize,
+    members: &[usize],
     blocks: &Blocks,
+    first: Buf,
     acc: impl Fn(usize, usize) -> Region,
     last: Region,
 ) {
-    let n = blocks.count();
-    let (next, prev) = neighbours(rank, n);
+    let n = members.len();
+    let (i, next, prev) = place(me, members);
     for s in 0..n - 1 {
-        let out_b = behind(rank, s + 1, n);
-        let src = if s == 0 { blocks.region(Buf::Input, out_b) } else { acc(s - 1, out_b) };
-        let in_b = behind(rank, s + 2, n);
+        let out_b = behind(i, s + 1, n);
+        let src = if s == 0 { blocks.region(first, out_b) } else { acc(s - 1, out_b) };
+        let in_b = behind(i, s + 2, n);
         let dst = if s == n - 2 { last } else { acc(s, in_b) };
-        p.step().send(next, src).recv_reduce(prev, dst, blocks.region(Buf::Input, in_b));
+        p.step().send(next, src).recv_reduce(prev, dst, blocks.region(first, in_b));
     }
 }
 
-/// Appends the `n - 1` all-gather steps; block `rank` is read from `own` in the first step
-/// and every block is written to the output.
-fn all_gather_steps(p: &mut Program, rank: usize, blocks: &Blocks, own: Region) {
-    let n = blocks.count();
-    let (next, prev) = neighbours(rank, n);
+/// Appends the `n - 1` all-gather steps; this member's block is read from `own` in the first
+/// step and every block is written to the output.
+pub(super) fn all_gather_steps(p: &mut Program, me: usize, members: &[usize], blocks: &Blocks, own: Region) {
+    let n = members.len();
+    let (i, next, prev) = place(me, members);
     for t in 0..n - 1 {
-        let out_b = behind(rank, t, n);
+        let out_b = behind(i, t, n);
         let src = if t == 0 { own } else { blocks.region(Buf::Output, out_b) };
-        p.step().send(next, src).recv(prev, blocks.region(Buf::Output, behind(rank, t + 1, n)));
+        p.step().send(next, src).recv(prev, blocks.region(Buf::Output, behind(i, t + 1, n)));
     }
+}
+
+/// Ring all-reduce of `count` elements among `members` (in ring order), starting from the
+/// values in `first` (the input, or the output when an earlier phase left them there).
+pub(super) fn all_reduce_among(p: &mut Program, me: usize, members: &[usize], count: usize, first: Buf) {
+    let all = |buf| Region::new(buf, 0, count);
+    if members.len() == 1 {
+        if first != Buf::Output {
+            p.step().copy(all(first), all(Buf::Output));
+        }
+        return;
+    }
+    let blocks = Blocks::even(count, members.len());
+    let i = place(me, members).0;
+    let acc = |_, b| blocks.region(Buf::Output, b);
+    reduce_scatter_steps(p, me, members, &blocks, first, acc, blocks.region(Buf::Output, i));
+    all_gather_steps(p, me, members, &blocks, blocks.region(Buf::Output, i));
 }
 
 /// Ring all-reduce of `count` elements: input and output both `count` long.
 pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
     let mut p = Program::new();
-    if count == 0 {
-        return p;
-    }
-    let all = |buf| Region::new(buf, 0, count);
-    if n == 1 {
-        p.step().copy(all(Buf::Input), all(Buf::Output));
-        return p;
-    }
-    let blocks = Blocks::even(count, n);
-    let acc = |_, b| blocks.region(Buf::Output, b);
-    reduce_scatter_steps(&mut p, rank, &blocks, acc, blocks.region(Buf::Output, rank));
-    all_gather_steps(&mut p, rank, &blocks, blocks.region(Buf::Output, rank));
+    let members: Vec<usize> = (0..n).collect();
+    all_reduce_among(&mut p, rank, &members, count, Buf::Input);
     p
 }
 
 /// Ring reduce-scatter: input `n * block` elements, output the `block` elements of this rank.
 pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
     let mut p = Program::new();
-    if block == 0 {
-        return p;
-    }
     let blocks = Blocks::uniform(block, n);
     let out = Region::new(Buf::Output, 0, block);
     if n == 1 {
@@ -83,7 +96,8 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
     // it sends the other, received in step `s - 1`.
     p.scratch = 2 * block;
     let acc = |s: usize, _| Region::new(Buf::Scratch, (s % 2) * block, block);
-    reduce_scatter_steps(&mut p, rank, &blocks, acc, out);
+    let members: Vec<usize> = (0..n).collect();
+    reduce_scatter_steps(&mut p, rank, &members, &blocks, Buf::Input, acc, out);
     p
 }
 
@@ -91,13 +105,11 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
 /// (uneven blocks give all-gather-v).
 pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
-    if blocks.total() == 0 {
-        return p;
-    }
     let own = Region::new(Buf::Input, 0, blocks.len_of(rank));
     p.step().copy(own, blocks.region(Buf::Output, rank));
     if blocks.count() > 1 {
-        all_gather_steps(&mut p, rank, blocks, own);
+        let members: Vec<usize> = (0..blocks.count()).collect();
+        all_gather_steps(&mut p, rank, &members, blocks, own);
     }
     p
 }

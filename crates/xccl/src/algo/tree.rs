@@ -1,13 +1,13 @@
 //! Binomial-tree broadcast and reduce, each a single pipelined step.
 //!
-//! Ranks are renumbered relative to the root (`v = rank - root mod n`). The parent of `v`
+//! Members are numbered from the root (`v` = position in the member list). The parent of `v`
 //! is `v` without its lowest set bit; its children are `v + 2^k` for every `2^k` below that
 //! bit. Because a rank's receive and its sends share one step and one region, segments flow
 //! down (or up) the tree as soon as they arrive instead of waiting for whole messages.
 
-use crate::schedule::{Buf, Program, Region};
+use crate::schedule::{Buf, Program, Region, Step};
 
-/// The parent of relative rank `v` (none for the root) and its children, nearest first.
+/// The parent of position `v` (none for the root) and its children, nearest first.
 fn family(v: usize, n: usize) -> (Option<usize>, Vec<usize>) {
     let low = if v == 0 { n.next_power_of_two() } else { 1 << v.trailing_zeros() };
     let parent = (v != 0).then(|| v - low);
@@ -15,23 +15,53 @@ fn family(v: usize, n: usize) -> (Option<usize>, Vec<usize>) {
     (parent, children)
 }
 
-/// Broadcast of `count` elements in place (the output) from `root`.
-pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
-    let mut p = Program::new();
-    if count == 0 || n == 1 {
-        return p;
-    }
-    let abs = |v: usize| (v + root) % n;
-    let (parent, mut children) = family((rank + n - root) % n, n);
+/// The ranks in tree order: the root first.
+fn from_root(n: usize, root: usize) -> Vec<usize> {
+    (0..n).map(|i| (root + i) % n).collect()
+}
+
+fn position(rank: usize, members: &[usize]) -> usize {
+    members.iter().position(|&m| m == rank).expect("rank is a member of its tree")
+}
+
+/// Adds this rank's part of a broadcast of the output from `members[0]` to `step`.
+pub(super) fn broadcast_among(step: &mut Step, rank: usize, members: &[usize], count: usize) {
+    let (parent, mut children) = family(position(rank, members), members.len());
     // The farthest child heads the largest subtree: serve it first.
     children.reverse();
     let all = Region::new(Buf::Output, 0, count);
-    let step = p.step();
     if let Some(parent) = parent {
-        step.recv(abs(parent), all);
+        step.recv(members[parent], all);
     }
     for c in children {
-        step.send(abs(c), all);
+        step.send(members[c], all);
+    }
+}
+
+/// Adds this rank's part of a reduce to `members[0]` to `step`: the root accumulates in its
+/// output, other inner nodes in `inner`.
+pub(super) fn reduce_among(step: &mut Step, rank: usize, members: &[usize], count: usize, inner: Buf) {
+    let (parent, children) = family(position(rank, members), members.len());
+    let input = Region::new(Buf::Input, 0, count);
+    let acc = match (parent, children.is_empty()) {
+        (None, _) => Region::new(Buf::Output, 0, count),
+        (Some(_), true) => input,
+        (Some(_), false) => Region::new(inner, 0, count),
+    };
+    // Nearest children have the smallest subtrees and finish first.
+    for (i, c) in children.into_iter().enumerate() {
+        step.recv_reduce(members[c], acc, if i == 0 { input } else { acc });
+    }
+    if let Some(parent) = parent {
+        step.send(members[parent], acc);
+    }
+}
+
+/// Broadcast of `count` elements in place (the output) from `root`.
+pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    if n > 1 {
+        broadcast_among(p.step(), rank, &from_root(n, root), count);
     }
     p
 }
@@ -40,32 +70,12 @@ pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
 /// accumulate in scratch and leave their buffers untouched.
 pub fn reduce(rank: usize, n: usize, count: usize, root: usize) -> Program {
     let mut p = Program::new();
-    if count == 0 {
-        return p;
-    }
-    let input = Region::new(Buf::Input, 0, count);
     if n == 1 {
-        p.step().copy(input, Region::new(Buf::Output, 0, count));
+        p.step().copy(Region::new(Buf::Input, 0, count), Region::new(Buf::Output, 0, count));
         return p;
     }
-    let abs = |v: usize| (v + root) % n;
-    let (parent, children) = family((rank + n - root) % n, n);
-    let acc = match (parent, children.is_empty()) {
-        (None, _) => Region::new(Buf::Output, 0, count),
-        (Some(_), true) => input,
-        (Some(_), false) => {
-            p.scratch = count;
-            Region::new(Buf::Scratch, 0, count)
-        }
-    };
-    let step = p.step();
-    // Nearest children have the smallest subtrees and finish first.
-    for (i, c) in children.into_iter().enumerate() {
-        step.recv_reduce(abs(c), acc, if i == 0 { input } else { acc });
-    }
-    if let Some(parent) = parent {
-        step.send(abs(parent), acc);
-    }
+    p.scratch = count;
+    reduce_among(p.step(), rank, &from_root(n, root), count, Buf::Scratch);
     p
 }
 

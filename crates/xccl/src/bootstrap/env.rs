@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::auth::Auth;
+use super::host;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -24,6 +25,10 @@ pub struct Rendezvous {
     pub auth: Auth,
     /// How long to wait for the other ranks to appear.
     pub timeout: Duration,
+    /// This rank's host key: ranks with equal keys share memory (and use it). From the
+    /// machine and its `/dev/shm`, or `XCCL_HOST_KEY` (to make ranks of one machine look like
+    /// several hosts).
+    pub host: String,
     /// Which launcher's variables were found (`xccl`, `torchrun`, `slurm`, `mpirun`).
     pub launcher: &'static str,
 }
@@ -141,6 +146,7 @@ impl Rendezvous {
         let job = job.unwrap_or_else(|| format!("static-{store}"));
         let secret = lookup("XCCL_SECRET").unwrap_or_default();
         let timeout = Config::from_lookup(|k| lookup(k))?.timeout;
+        let host = lookup("XCCL_HOST_KEY").map_or_else(host::host_key, |k| host::clean_key(&k));
         Ok(Rendezvous {
             rank,
             size,
@@ -149,6 +155,7 @@ impl Rendezvous {
             serve_store,
             auth: Auth::new(job, secret.into_bytes())?,
             timeout,
+            host,
             launcher,
         })
     }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Purpose};
 use crate::error::{Error, Result};
+use crate::transport::Link;
 use crate::transport::tcp::TcpLink;
-use crate::transport::{Link, Links};
 
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -107,19 +107,21 @@ impl Drop for Acceptor {
     }
 }
 
-/// Connects rank `me` of communicator `comm` to every other member; `addrs[r]` is the
-/// acceptor of member `r`.
+/// Connects rank `me` of communicator `comm` to the members that have an address in `addrs`
+/// (the acceptor of member `r`, or `None` for members reached another way, and for `me`).
 pub(crate) fn connect(
     acceptor: &Acceptor,
     auth: &Auth,
     comm: u64,
     me: usize,
-    addrs: &[SocketAddr],
+    addrs: &[Option<SocketAddr>],
+    max_frame: usize,
     timeout: Duration,
-) -> Result<Links> {
+) -> Result<Vec<Option<Box<dyn Link>>>> {
     let deadline = Instant::now() + timeout;
     let mut links: Vec<Option<Box<dyn Link>>> = (0..addrs.len()).map(|_| None).collect();
     for (peer, addr) in addrs.iter().enumerate().take(me) {
+        let Some(addr) = addr else { continue };
         let mut delay = Duration::from_millis(5);
         let mut s = loop {
             match TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
@@ -143,9 +145,13 @@ pub(crate) fn connect(
             &format!("rank {peer} at {addr}"),
             HANDSHAKE_PATIENCE.min(timeout),
         )?;
-        links[peer] = Some(Box::new(TcpLink::new(s, comm).map_err(|e| Error::io("configuring a link", e))?));
+        links[peer] =
+            Some(Box::new(TcpLink::new(s, comm, max_frame).map_err(|e| Error::io("configuring a link", e))?));
     }
     for (peer, slot) in links.iter_mut().enumerate().skip(me + 1) {
+        if addrs[peer].is_none() {
+            continue;
+        }
         let s = acceptor.claim(comm, me as u32, peer as u32, deadline).ok_or_else(|| {
             Error::Bootstrap(format!(
                 "rank {me} waited {:.0} s for rank {peer} to connect: it has not started, failed, or cannot reach {}",
@@ -153,7 +159,8 @@ pub(crate) fn connect(
                 acceptor.addr()
             ))
         })?;
-        *slot = Some(Box::new(TcpLink::new(s, comm).map_err(|e| Error::io("configuring a link", e))?));
+        *slot =
+            Some(Box::new(TcpLink::new(s, comm, max_frame).map_err(|e| Error::io("configuring a link", e))?));
     }
-    Ok(Links::new(me, links, None))
+    Ok(links)
 }

@@ -6,9 +6,15 @@
 
 pub mod auth;
 pub mod env;
+pub(crate) mod host;
 pub(crate) mod mesh;
 pub mod store;
 
 pub use auth::Auth;
 pub use env::Rendezvous;
 pub use store::{StoreClient, StoreServer};
+
+/// Removes the shared-memory files a job left in `/dev/shm`, for launchers to call once
+/// every rank of the job has ended (a rank killed while building a communicator can leave
+/// one behind).
+pub use crate::transport::shm::remove_job_segments;

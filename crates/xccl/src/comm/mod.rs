@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::algo::{self, Shape};
+use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
 use crate::bootstrap::{Auth, Rendezvous, StoreClient, StoreServer};
 use crate::config::Config;
@@ -18,8 +19,9 @@ use crate::frame::{CollKind, OpDesc};
 use crate::reduce::ReduceOp;
 use crate::schedule::Region;
 use crate::stream::{Job, JobOp, Stream};
-use crate::transport::Links;
 use crate::transport::local::{self, LocalMesh};
+use crate::transport::shm::{self, ShmSegment};
+use crate::transport::{Links, Memory, spin_for};
 use crate::work::{Completion, Event, OpSpan, Work};
 
 /// A group of ranks that run collectives together.
@@ -51,9 +53,54 @@ struct TcpFabric {
     acceptor: Acceptor,
     /// Acceptor address of every rank of the world, by world rank.
     addrs: Vec<SocketAddr>,
+    /// Process id of every rank of the world.
+    pids: Vec<i32>,
     auth: Auth,
     /// The store, when rank 0 serves it.
     _store: Option<StoreServer>,
+}
+
+impl TcpFabric {
+    /// The links of `rank` in communicator `id` of world ranks `members` on `hosts`: shared
+    /// memory to the members on this rank's host (unless disabled), TCP to the others.
+    fn links(
+        &self,
+        id: u64,
+        rank: usize,
+        members: &[usize],
+        hosts: &[usize],
+        config: &Config,
+    ) -> Result<Links> {
+        let local: Vec<usize> = (0..members.len()).filter(|&q| hosts[q] == hosts[rank]).collect();
+        let shm = config.shm && local.len() > 1;
+        let addrs: Vec<Option<SocketAddr>> = (0..members.len())
+            .map(|q| (q != rank && !(shm && hosts[q] == hosts[rank])).then(|| self.addrs[members[q]]))
+            .collect();
+        let mut links =
+            mesh::connect(&self.acceptor, &self.auth, id, rank, &addrs, config.tcp_segment, config.timeout)?;
+        let mut memory = None;
+        if shm {
+            let me = local
+                .iter()
+                .position(|&q| q == rank)
+                .ok_or_else(|| Error::Internal("rank not on its host".into()))?;
+            let creator = self.pids[members[local[0]]];
+            // The host is in the name too: several "hosts" may share one machine (XCCL_HOST_KEY).
+            let name =
+                format!("{}{id:016x}-h{}-{creator}", shm::segment_prefix(self.auth.job()), hosts[rank]);
+            let seg =
+                ShmSegment::join(&name, local.len(), me, config.shm_ring_for(local.len()), config.timeout)?;
+            let mut procs = Vec::new();
+            for (i, &q) in local.iter().enumerate() {
+                if q != rank {
+                    links[q] = Some(Box::new(seg.link(me, i)));
+                    procs.push((q, i, self.pids[members[q]]));
+                }
+            }
+            memory = Some(Memory { host: seg, me, spin: spin_for(local.len()), procs });
+        }
+        Links::new(rank, links, memory).map_err(|e| Error::io("setting up links", e))
+    }
 }
 
 struct Inner {
@@ -71,6 +118,8 @@ struct Group {
     id: u64,
     /// World rank of each member.
     members: Vec<usize>,
+    /// Host index of each member (equal for members that share a host).
+    hosts: Vec<usize>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -98,8 +147,8 @@ fn hash_str(s: &str) -> u64 {
 }
 
 impl Communicator {
-    fn build(group: Group, links: Links, seg: usize, config: Config, fabric: Fabric) -> Result<Communicator> {
-        let tuning = Tuning { seg, timeout: config.timeout, max_stash: config.max_unexpected };
+    fn build(group: Group, links: Links, config: Config, fabric: Fabric) -> Result<Communicator> {
+        let tuning = Tuning { timeout: config.timeout, max_stash: config.max_unexpected };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
         Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric }) })
@@ -121,14 +170,8 @@ impl Communicator {
         let mesh = LocalMesh::new(n);
         (0..n)
             .map(|rank| {
-                let group = Group { rank, size: n, id, members: (0..n).collect() };
-                Communicator::build(
-                    group,
-                    mesh.claim(rank)?,
-                    mesh.segment_bytes(),
-                    config.clone(),
-                    Fabric::Local,
-                )
+                let group = Group { rank, size: n, id, members: (0..n).collect(), hosts: vec![0; n] };
+                Communicator::build(group, mesh.claim(rank)?, config.clone(), Fabric::Local)
             })
             .collect()
     }
@@ -155,30 +198,39 @@ impl Communicator {
         let mut client = StoreClient::connect(&rv.store, &rv.auth, rv.timeout)?;
         let acceptor = Acceptor::start(client.local_addr()?.ip(), rv.auth.clone())?;
         let prefix = format!("world{generation}");
-        let me = format!("{} {}", acceptor.addr(), rv.size);
+        let me = format!("{} {} {} {}", acceptor.addr(), rv.size, std::process::id(), rv.host);
         client.set(&format!("{prefix}/addr/{}", rv.rank), me.as_bytes())?;
         let mut addrs = Vec::with_capacity(rv.size);
+        let mut keys = Vec::with_capacity(rv.size);
+        let mut pids = Vec::with_capacity(rv.size);
         for r in 0..rv.size {
             let v = client.get(&format!("{prefix}/addr/{r}"))?;
             let v = String::from_utf8_lossy(&v).into_owned();
-            let (addr, size) =
-                v.split_once(' ').ok_or_else(|| Error::Bootstrap(format!("bad address record '{v}'")))?;
+            let bad = || Error::Bootstrap(format!("bad address record '{v}' of rank {r}"));
+            let mut fields = v.splitn(4, ' ');
+            let (addr, size, pid, key) = (
+                fields.next().ok_or_else(bad)?,
+                fields.next().ok_or_else(bad)?,
+                fields.next().ok_or_else(bad)?,
+                fields.next().ok_or_else(bad)?,
+            );
             if size != rv.size.to_string() {
                 return Err(Error::Bootstrap(format!(
                     "rank {r} was started with a world of {size} ranks, rank {} with {}: every rank needs the same WORLD_SIZE",
                     rv.rank, rv.size
                 )));
             }
-            addrs.push(
-                addr.parse().map_err(|_| Error::Bootstrap(format!("bad address '{addr}' of rank {r}")))?,
-            );
+            addrs.push(addr.parse().map_err(|_| bad())?);
+            pids.push(pid.parse().map_err(|_| bad())?);
+            keys.push(key.to_string());
         }
         let id = mix(&[hash_str(rv.auth.job()), generation, rv.size as u64]);
-        let links = mesh::connect(&acceptor, &rv.auth, id, rv.rank, &addrs, rv.timeout)?;
-        let fabric = TcpFabric { acceptor, addrs, auth: rv.auth.clone(), _store: store };
-        let group = Group { rank: rv.rank, size: rv.size, id, members: (0..rv.size).collect() };
-        let seg = config.tcp_segment;
-        Communicator::build(group, links, seg, config, Fabric::Tcp(Arc::new(fabric)))
+        let fabric = TcpFabric { acceptor, addrs, pids, auth: rv.auth.clone(), _store: store };
+        let hosts = host::host_indices(&keys);
+        let members: Vec<usize> = (0..rv.size).collect();
+        let links = fabric.links(id, rv.rank, &members, &hosts, &config)?;
+        let group = Group { rank: rv.rank, size: rv.size, id, members, hosts };
+        Communicator::build(group, links, config, Fabric::Tcp(Arc::new(fabric)))
     }
 
     /// This rank's index in the group, `0..size()`.
@@ -222,20 +274,19 @@ impl Communicator {
         let size = group.len();
         let id = mix(&[self.inner.group.id, seq, u64::from(color)]);
         let members: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.members[r]).collect();
+        let hosts: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.hosts[r]).collect();
         let config = self.inner.config.clone();
         match &self.inner.fabric {
             Fabric::Local => {
                 let mesh = local::rendezvous(id, size);
                 let links = mesh.claim(rank)?;
-                let group = Group { rank, size, id, members };
-                Communicator::build(group, links, mesh.segment_bytes(), config, Fabric::Local).map(Some)
+                let group = Group { rank, size, id, members, hosts };
+                Communicator::build(group, links, config, Fabric::Local).map(Some)
             }
             Fabric::Tcp(f) => {
-                let addrs: Vec<SocketAddr> = members.iter().map(|&w| f.addrs[w]).collect();
-                let links = mesh::connect(&f.acceptor, &f.auth, id, rank, &addrs, config.timeout)?;
-                let group = Group { rank, size, id, members };
-                let seg = config.tcp_segment;
-                Communicator::build(group, links, seg, config, Fabric::Tcp(f.clone())).map(Some)
+                let links = f.links(id, rank, &members, &hosts, &config)?;
+                let group = Group { rank, size, id, members, hosts };
+                Communicator::build(group, links, config, Fabric::Tcp(f.clone())).map(Some)
             }
         }
     }
@@ -272,7 +323,8 @@ impl Communicator {
     /// Validates a collective's arguments and makes its schedule.
     fn plan<T: Element>(&self, p: PlanArgs) -> Result<Plan> {
         let algo = algo::choose(p.kind, &self.inner.config.algos);
-        let program = algo::build(p.kind, algo, self.rank(), self.size(), p.root.unwrap_or(0), &p.shape)?;
+        let program =
+            algo::build(p.kind, algo, self.rank(), &self.inner.group.hosts, p.root.unwrap_or(0), &p.shape)?;
         Ok(Plan {
             desc: OpDesc {
                 kind: p.kind,
@@ -439,6 +491,7 @@ mod tests {
             serve_store: false,
             auth: auth.clone(),
             timeout: Duration::from_secs(10),
+            host: "test-host".into(),
             launcher: "test",
         };
         let rank0 = std::thread::spawn(move || {
@@ -450,7 +503,8 @@ mod tests {
         // Play rank 1 by hand: authenticate properly, then send garbage instead of frames.
         let mut client = StoreClient::connect(&addr, &auth, Duration::from_secs(5)).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        client.set("world0/addr/1", format!("{} 2", listener.local_addr().unwrap()).as_bytes()).unwrap();
+        let record = format!("{} 2 0 another-host", listener.local_addr().unwrap());
+        client.set("world0/addr/1", record.as_bytes()).unwrap();
         let rank0_addr = String::from_utf8(client.get("world0/addr/0").unwrap()).unwrap();
         let mut s = TcpStream::connect(rank0_addr.split(' ').next().unwrap()).unwrap();
         let comm = mix(&[hash_str(auth.job()), 0, 2]);

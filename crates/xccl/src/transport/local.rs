@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::doorbell::Doorbell;
 use super::ring::{PeerStatus, RingControl, RingHost, RingLink, RingMem, RingRx, RingTx};
-use super::{Link, Links, spin_for};
+use super::{Link, Links, Memory, spin_for};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -57,11 +57,6 @@ impl LocalMesh {
         })
     }
 
-    /// Bytes per frame payload that keep a ring busy without starving it.
-    pub fn segment_bytes(&self) -> usize {
-        self.cap / 4
-    }
-
     fn ring(&self, from: usize, to: usize) -> RingMem {
         let idx = from * self.n + to;
         // SAFETY: the control block and `cap` bytes at ring `idx` lie inside allocations owned
@@ -87,7 +82,8 @@ impl LocalMesh {
                 })
             })
             .collect();
-        Ok(Links::new(rank, links, Some((host, spin_for(self.n)))))
+        let memory = Memory { host, me: rank, spin: spin_for(self.n), procs: Vec::new() };
+        Links::new(rank, links, Some(memory)).map_err(|e| Error::io("setting up links", e))
     }
 }
 

@@ -10,6 +10,7 @@
 pub(crate) mod doorbell;
 pub(crate) mod local;
 pub(crate) mod ring;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 use std::io::{self, IoSlice};
@@ -87,6 +88,9 @@ pub(crate) trait Link: Send {
     /// The descriptor to poll, for socket links.
     fn fd(&self) -> Option<BorrowedFd<'_>>;
 
+    /// The largest payload worth putting in one frame on this link.
+    fn max_frame(&self) -> usize;
+
     /// Whether the peer has ended its side and how, or `None` while it is open. Data the
     /// peer sent before it ended stays readable. Call only at a frame boundary of the
     /// incoming stream (a socket link parses what is left to find the peer's last word).
@@ -124,24 +128,10 @@ impl Waker {
             // A full counter (impossible in practice) or EAGAIN still leaves it readable.
             let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
         }
-        if let Some((host, rank)) = &self.bell {
-            host.bell(*rank).ring();
+        if let Some((host, me)) = &self.bell {
+            host.bell(*me).ring();
         }
     }
-}
-
-/// One rank's links in one communicator, and the means to wait on them.
-pub(crate) struct Links {
-    rank: usize,
-    /// Readable when the waker was used; polled with the sockets.
-    event: Option<Arc<OwnedFd>>,
-    links: Vec<Option<Box<dyn Link>>>,
-    /// The host of this rank's doorbell, when some links are memory links.
-    bell: Option<Arc<dyn RingHost>>,
-    /// Peers known to have ended their side, and how.
-    gone: Vec<Option<Closed>>,
-    /// How long to poll memory links before sleeping.
-    spin: Duration,
 }
 
 /// How long a blocked memory-link waiter keeps polling before it sleeps, when every rank
@@ -155,28 +145,109 @@ pub(crate) fn spin_for(ranks: usize) -> Duration {
     if ranks <= cores { SPIN } else { Duration::ZERO }
 }
 
+/// How often a rank sleeping on memory links looks whether their processes still exist.
+const LIVENESS: Duration = Duration::from_millis(100);
+
+/// What a rank's memory links share.
+pub(crate) struct Memory {
+    /// The host of the rings, doorbells and statuses.
+    pub host: Arc<dyn RingHost>,
+    /// This rank's index in `host`.
+    pub me: usize,
+    /// How long to poll before sleeping.
+    pub spin: Duration,
+    /// Processes behind memory links (shared memory): (rank, index in `host`, pid).
+    pub procs: Vec<(usize, usize, i32)>,
+}
+
+/// Turns rings of a doorbell into eventfd writes, so that a rank with socket and memory
+/// links can wait on both with one `poll`.
+struct Bridge {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    host: Arc<dyn RingHost>,
+    me: usize,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Bridge {
+    fn start(host: Arc<dyn RingHost>, me: usize, event: Arc<OwnedFd>) -> io::Result<Bridge> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (h, s) = (host.clone(), stop.clone());
+        let thread = std::thread::Builder::new().name("xccl-bridge".into()).spawn(move || {
+            let bell = h.bell(me);
+            let mut seen = bell.token();
+            while !s.load(std::sync::atomic::Ordering::Acquire) {
+                bell.sleep(seen, LIVENESS);
+                let now = bell.token();
+                if now != seen {
+                    seen = now;
+                    let _ = rustix::io::write(&*event, &1u64.to_ne_bytes());
+                }
+            }
+        })?;
+        Ok(Bridge { stop, host, me, thread: Some(thread) })
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.host.bell(self.me).ring();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One rank's links in one communicator, and the means to wait on them.
+pub(crate) struct Links {
+    rank: usize,
+    links: Vec<Option<Box<dyn Link>>>,
+    /// Peers known to have ended their side, and how.
+    gone: Vec<Option<Closed>>,
+    memory: Option<Memory>,
+    /// Readable when the waker was used or (with a bridge) a doorbell rang; polled with the
+    /// sockets.
+    event: Option<Arc<OwnedFd>>,
+    bridge: Option<Bridge>,
+    /// Pidfds of the processes behind memory links: readable once the process has exited.
+    pidfds: Vec<(usize, usize, OwnedFd)>,
+    /// When memory links' processes were last checked.
+    checked: std::time::Instant,
+}
+
 impl Links {
-    /// Links of `rank`; `links[peer]` is `None` for `rank` itself. Memory links come with
-    /// the host of this rank's doorbell and the spin budget ([`spin_for`]).
-    pub fn new(
-        rank: usize,
-        links: Vec<Option<Box<dyn Link>>>,
-        bell: Option<(Arc<dyn RingHost>, Duration)>,
-    ) -> Links {
+    /// Links of `rank`; `links[peer]` is `None` for `rank` itself.
+    pub fn new(rank: usize, links: Vec<Option<Box<dyn Link>>>, memory: Option<Memory>) -> io::Result<Links> {
         let gone = vec![None; links.len()];
-        let (bell, spin) = bell.map_or((None, Duration::ZERO), |(h, s)| (Some(h), s));
         let has_sockets = links.iter().flatten().any(|l| l.fd().is_some());
-        let event = has_sockets
-            .then(|| {
-                rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok().map(Arc::new)
+        let event = if has_sockets {
+            Some(Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?))
+        } else {
+            None
+        };
+        let bridge = match (&memory, &event) {
+            (Some(m), Some(ev)) => Some(Bridge::start(m.host.clone(), m.me, ev.clone())?),
+            _ => None,
+        };
+        // A process that cannot be watched (no pidfd support) is still noticed by its
+        // status word or, failing that, by the operation deadline.
+        let pidfds = memory
+            .iter()
+            .flat_map(|m| m.procs.iter())
+            .filter_map(|&(peer, idx, pid)| {
+                let p = rustix::process::Pid::from_raw(pid)?;
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                    .ok()
+                    .map(|fd| (peer, idx, fd))
             })
-            .flatten();
-        Links { rank, event, links, bell, gone, spin }
+            .collect();
+        Ok(Links { rank, links, gone, memory, event, bridge, pidfds, checked: std::time::Instant::now() })
     }
 
     /// A waker for this rank's waits.
     pub fn waker(&self) -> Waker {
-        Waker { event: self.event.clone(), bell: self.bell.clone().map(|h| (h, self.rank)) }
+        Waker { event: self.event.clone(), bell: self.memory.as_ref().map(|m| (m.host.clone(), m.me)) }
     }
 
     /// The link to `peer`.
@@ -212,7 +283,25 @@ impl Links {
 
     /// A doorbell token to take before looking for progress (see [`Links::wait`]).
     pub fn token(&self) -> u32 {
-        self.bell.as_ref().map_or(0, |h| h.bell(self.rank).token())
+        self.memory.as_ref().map_or(0, |m| m.host.bell(m.me).token())
+    }
+
+    /// Marks the memory peers whose processes have exited as vanished, in their shared
+    /// status, so that every reader of their rings sees the end.
+    fn check_processes(&mut self, ready: &[usize]) {
+        let Some(m) = &self.memory else { return };
+        for &(peer, idx, ref fd) in &self.pidfds {
+            let exited = ready.contains(&peer) || {
+                let mut pfd = [PollFd::new(fd, PollFlags::IN)];
+                matches!(rustix::event::poll(&mut pfd, Some(&rustix::time::Timespec::default())), Ok(1))
+            };
+            if exited {
+                let reason =
+                    format!("rank {peer}'s process exited without closing the communicator (killed?)");
+                m.host.status(idx).set_vanished(&reason);
+            }
+        }
+        self.checked = std::time::Instant::now();
     }
 
     /// Blocks until a link in `want` may be ready, a peer ends its side, or `timeout` passes;
@@ -226,9 +315,7 @@ impl Links {
         let mut borrowed = Vec::new();
         let mut memory_wanted = false;
         for (peer, link) in self.links.iter().enumerate() {
-            let (Some(link), None) = (link, &self.gone[peer]) else {
-                continue;
-            };
+            let (Some(link), None) = (link, &self.gone[peer]) else { continue };
             let w = want.get(peer).copied().unwrap_or_default();
             match link.fd() {
                 Some(fd) => {
@@ -244,68 +331,71 @@ impl Links {
                 None => memory_wanted |= w.read || w.write,
             }
         }
-        let mut fds: Vec<PollFd<'_>> = borrowed.iter().map(|(_, fd, ev)| PollFd::new(fd, *ev)).collect();
-        if let Some(event) = &self.event {
-            fds.push(PollFd::new(event.as_ref(), PollFlags::IN));
-        }
-        // PollFd borrows descriptors owned by `self.links`; finish polling before touching them.
         let mut hung_up = Vec::new();
-        let bell = self.bell.clone();
-        match (&bell, memory_wanted) {
-            (Some(host), true) => {
-                if !fds.is_empty() {
-                    rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default()))?;
+        let mut exited = Vec::new();
+        if borrowed.is_empty() && self.event.is_none() {
+            // Memory links only: spin a little, then sleep on the doorbell, waking now and
+            // then to see whether the processes behind the links still exist.
+            if let Some(m) = &self.memory {
+                let bell = m.host.bell(m.me);
+                let spin_until = std::time::Instant::now() + m.spin;
+                while !bell.rang_since(token) && std::time::Instant::now() < spin_until {
+                    std::hint::spin_loop();
                 }
-                let any_fd = fds.iter().any(|f| !f.revents().is_empty());
-                if !any_fd {
-                    let bell = host.bell(self.rank);
-                    let spin_until = std::time::Instant::now() + self.spin;
-                    while !bell.rang_since(token) && std::time::Instant::now() < spin_until {
-                        std::hint::spin_loop();
-                    }
-                    let nap = if fds.is_empty() { timeout } else { timeout.min(Duration::from_millis(1)) };
-                    if !bell.rang_since(token) {
-                        bell.sleep(token, nap);
-                    }
+                if !bell.rang_since(token) && memory_wanted {
+                    let nap = if self.pidfds.is_empty() { timeout } else { timeout.min(LIVENESS) };
+                    bell.sleep(token, nap);
                 }
             }
-            _ if !fds.is_empty() => {
-                let ts = rustix::time::Timespec {
-                    tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-                    tv_nsec: i64::from(timeout.subsec_nanos()),
-                };
-                match rustix::event::poll(&mut fds, Some(&ts)) {
-                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => return Err(e.into()),
+            if !self.pidfds.is_empty() && self.checked.elapsed() >= LIVENESS {
+                exited.push(usize::MAX);
+            }
+        } else {
+            // Sockets (and, through the bridge, doorbells) in one poll, with the processes
+            // behind memory links.
+            let mut fds: Vec<PollFd<'_>> = borrowed.iter().map(|(_, fd, ev)| PollFd::new(fd, *ev)).collect();
+            if let Some(event) = &self.event {
+                fds.push(PollFd::new(event.as_ref(), PollFlags::IN));
+            }
+            let first_pid = fds.len();
+            for (_, _, fd) in &self.pidfds {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+            }
+            let ts = rustix::time::Timespec {
+                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let down = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+            for (f, (peer, _, _)) in fds.iter().zip(&borrowed) {
+                if f.revents().intersects(down) {
+                    hung_up.push(*peer);
                 }
             }
-            _ => {
-                if let Some(host) = &bell {
-                    host.bell(self.rank).sleep(token, timeout);
-                } else {
-                    std::thread::sleep(timeout.min(Duration::from_millis(10)));
+            let woken = self.event.is_some() && !fds[borrowed.len()].revents().is_empty();
+            for (f, (peer, _, _)) in fds[first_pid..].iter().zip(&self.pidfds) {
+                if !f.revents().is_empty() {
+                    exited.push(*peer);
                 }
             }
-        }
-        let down = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
-        for (f, (peer, _, _)) in fds.iter().zip(&borrowed) {
-            if f.revents().intersects(down) {
-                hung_up.push(*peer);
+            drop(fds);
+            if let (true, Some(event)) = (woken, &self.event) {
+                let mut count = [0u8; 8];
+                let _ = rustix::io::read(event.as_ref(), &mut count);
             }
-        }
-        let woken = self.event.is_some() && fds.last().is_some_and(|f| !f.revents().is_empty());
-        drop(fds);
-        if let (true, Some(event)) = (woken, &self.event) {
-            let mut count = [0u8; 8];
-            let _ = rustix::io::read(event.as_ref(), &mut count);
         }
         drop(borrowed);
+        if !exited.is_empty() {
+            // (`usize::MAX` alone: no pidfd reported an exit, but it is time to look.)
+            self.check_processes(&exited);
+        }
         let mut newly = Vec::new();
         for peer in 0..self.links.len() {
             let idle = want.get(peer).is_some_and(|w| w.idle);
-            let Some(link) = self.links[peer].as_mut() else {
-                continue;
-            };
+            let Some(link) = self.links[peer].as_mut() else { continue };
             if self.gone[peer].is_some() || !idle || (link.fd().is_some() && !hung_up.contains(&peer)) {
                 continue;
             }
@@ -325,5 +415,6 @@ impl Links {
                 link.close(farewell, !mid_frame.get(peer).copied().unwrap_or(false), patience);
             }
         }
+        self.bridge = None;
     }
 }

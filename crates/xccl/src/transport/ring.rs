@@ -36,6 +36,8 @@ const REASON_CAP: usize = 1024;
 const ALIVE: u32 = 0;
 const CLOSED: u32 = 1;
 const ABORTED: u32 = 2;
+/// Set by a peer that found the process gone.
+const VANISHED: u32 = 3;
 
 /// Whether a rank on memory links is alive, closed or aborted (and why), in memory its peers
 /// can read.
@@ -62,10 +64,13 @@ impl Default for PeerStatus {
 impl PeerStatus {
     /// Records how this rank ends; the first call wins.
     pub fn set(&self, how: &Farewell) {
-        let (state, origin, reason) = match how {
-            Farewell::Goodbye => (CLOSED, 0, ""),
-            Farewell::Abort { origin, reason } => (ABORTED, *origin, reason.as_str()),
-        };
+        match how {
+            Farewell::Goodbye => self.store(CLOSED, 0, ""),
+            Farewell::Abort { origin, reason } => self.store(ABORTED, *origin, reason),
+        }
+    }
+
+    fn store(&self, state: u32, origin: usize, reason: &str) {
         if self.state.load(Ordering::Acquire) != ALIVE {
             return;
         }
@@ -80,17 +85,27 @@ impl PeerStatus {
         let _ = self.state.compare_exchange(ALIVE, state, Ordering::Release, Ordering::Relaxed);
     }
 
+    /// Records, on behalf of a rank whose process is gone, that it vanished; unless it said
+    /// how it ended first.
+    pub fn set_vanished(&self, reason: &str) {
+        self.store(VANISHED, 0, reason);
+    }
+
     /// How the rank ended, or `None` while it is alive.
     pub fn get(&self) -> Option<Closed> {
         match self.state.load(Ordering::Acquire) {
             ALIVE => None,
             CLOSED => Some(Closed::Goodbye),
-            _ => {
+            state => {
                 let n = (self.len.load(Ordering::Relaxed) as usize).min(REASON_CAP);
                 let bytes: Vec<u8> = self.reason[..n].iter().map(|b| b.load(Ordering::Relaxed)).collect();
                 let origin = self.origin.load(Ordering::Relaxed) as usize;
                 let reason = String::from_utf8_lossy(&bytes).into_owned();
-                Some(Closed::Aborted { origin, reason })
+                if state == VANISHED {
+                    Some(Closed::Vanished(reason))
+                } else {
+                    Some(Closed::Aborted { origin, reason })
+                }
             }
         }
     }
@@ -141,6 +156,11 @@ pub(crate) struct RingTx {
 unsafe impl Send for RingTx {}
 
 impl RingTx {
+    /// Bytes the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.mem.cap
+    }
+
     pub fn new(mem: RingMem) -> RingTx {
         let head = mem.ctrl().head.0.load(Ordering::Relaxed);
         RingTx { mem, head, tail_seen: mem.ctrl().tail.0.load(Ordering::Acquire) }
@@ -310,6 +330,11 @@ impl Link for RingLink {
 
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         None
+    }
+
+    fn max_frame(&self) -> usize {
+        // A quarter ring: the reader drains one frame while the writer fills the next.
+        self.tx.capacity() / 4
     }
 
     fn hangup(&mut self) -> io::Result<Option<Closed>> {

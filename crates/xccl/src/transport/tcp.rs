@@ -38,6 +38,7 @@ pub(crate) struct TcpLink {
     stage: Vec<u64>,
     staged: usize,
     comm: u64,
+    max_frame: usize,
 }
 
 fn would_block(e: Errno) -> bool {
@@ -101,12 +102,13 @@ impl Source {
 }
 
 impl TcpLink {
-    /// Wraps a connected, authenticated socket of communicator `comm`.
-    pub fn new(sock: TcpStream, comm: u64) -> io::Result<TcpLink> {
+    /// Wraps a connected, authenticated socket of communicator `comm`; frames carry at most
+    /// `max_frame` payload bytes.
+    pub fn new(sock: TcpStream, comm: u64, max_frame: usize) -> io::Result<TcpLink> {
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
         let src = Source { sock, leftover: Vec::new(), leftover_at: 0, eof: false };
-        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm })
+        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm, max_frame })
     }
 
     /// Walks the frames left in the stream: the last one says how the peer ended.
@@ -204,6 +206,10 @@ impl Link for TcpLink {
 
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.src.sock.as_fd())
+    }
+
+    fn max_frame(&self) -> usize {
+        self.max_frame
     }
 
     fn hangup(&mut self) -> io::Result<Option<Closed>> {

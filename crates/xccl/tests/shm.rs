@@ -1,0 +1,140 @@
+//! The shared-memory transport, with ranks as threads (each rank maps the segment itself, as
+//! a process would): one host, and mixed jobs where host keys split the ranks into hosts
+//! that talk TCP to each other and shared memory inside.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use xccl::algo::Algorithm;
+use xccl::bootstrap::{Auth, Rendezvous, StoreServer};
+use xccl::{CollKind, Communicator, Config, ReduceOp};
+
+/// Runs `f` on ranks connected through a fresh store; rank `r` sits on host `hosts[r]`.
+fn on_hosts<R: Send>(hosts: &[&str], config: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+    let n = hosts.len();
+    let auth = Auth::new(format!("shm-test-{}-{}", std::process::id(), hosts.join("")), "s").unwrap();
+    let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
+    let addr = store.addr().to_string();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let rv = Rendezvous {
+                    rank: r,
+                    size: n,
+                    local_rank: r,
+                    store: addr.clone(),
+                    serve_store: false,
+                    auth: auth.clone(),
+                    timeout: Duration::from_secs(20),
+                    host: hosts[r].to_string(),
+                    launcher: "test",
+                };
+                let (config, f) = (config.clone(), &f);
+                s.spawn(move || f(&Communicator::connect(&rv, config).expect("connect")))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    })
+}
+
+fn subset(c: &Communicator) {
+    let (n, r) = (c.size(), c.rank());
+    for &len in &[0usize, 1, 13, 4099, 700_001] {
+        let mut v = input::<f32>(ReduceOp::Sum, r, len, len);
+        c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+        assert!(
+            v.iter().enumerate().all(|(i, x)| *x == expected::<f32>(ReduceOp::Sum, n, i, len)),
+            "all_reduce {len}"
+        );
+        let mut b = input::<u8>(ReduceOp::Sum, r, len, 2);
+        c.broadcast(&mut b, n - 1).unwrap();
+        assert!(b.iter().enumerate().all(|(i, x)| *x == val::<u8>(ReduceOp::Sum, n - 1, i, 2)));
+        let block = len / n;
+        let mut out = vec![0i64; block];
+        c.reduce_scatter(&input::<i64>(ReduceOp::Max, r, block * n, 3), &mut out, ReduceOp::Max).unwrap();
+        assert!(
+            out.iter().enumerate().all(|(i, x)| *x == expected::<i64>(ReduceOp::Max, n, r * block + i, 3))
+        );
+        let mut g = vec![0u32; block * n];
+        c.all_gather(&input::<u32>(ReduceOp::Sum, r, block, 4), &mut g).unwrap();
+        assert!(
+            g.iter()
+                .enumerate()
+                .all(|(k, x)| *x == val::<u32>(ReduceOp::Sum, k / block.max(1), k % block.max(1), 4))
+        );
+    }
+    let s = c.isend(vec![r as f64; 300_000], (r + 1) % n, 1);
+    let got = c.irecv(vec![0f64; 300_000], (r + n - 1) % n, 1).wait().unwrap();
+    assert!(got.iter().all(|x| *x == ((r + n - 1) % n) as f64));
+    s.wait().unwrap();
+    c.barrier().unwrap();
+}
+
+#[test]
+fn collectives_over_shared_memory_match_the_reference() {
+    for n in [2, 3, 4] {
+        on_hosts(&vec!["one-host"; n], test_config(), subset);
+    }
+}
+
+#[test]
+fn mixed_jobs_use_shared_memory_inside_hosts_and_tcp_between() {
+    let hosts = ["a", "a", "b", "b", "b"];
+    on_hosts(&hosts, test_config(), subset);
+    // The hierarchical all-reduce with real hosts: leaders 0 and 2 meet over TCP.
+    let mut config = test_config();
+    config.algos.set(CollKind::AllReduce, Algorithm::Hierarchical).unwrap();
+    on_hosts(&hosts, config, |c| {
+        for len in [1usize, 1000, 500_003] {
+            let mut v = input::<f64>(ReduceOp::Sum, c.rank(), len, 9);
+            c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+            assert!(v.iter().enumerate().all(|(i, x)| *x == expected::<f64>(ReduceOp::Sum, 5, i, 9)));
+        }
+        // Splits keep the host structure: each split group builds its own links.
+        let odd = c.split(Some((c.rank() % 2) as u32), 0).unwrap().unwrap();
+        let mut v = [c.rank() as i32];
+        odd.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], (0..5).filter(|q| q % 2 == c.rank() % 2).sum::<usize>() as i32);
+    });
+}
+
+#[test]
+fn a_rank_that_panics_over_shared_memory_fails_the_others_promptly() {
+    let config = Config { timeout: Duration::from_secs(60), ..test_config() };
+    let start = Instant::now();
+    let outcomes = std::panic::catch_unwind(|| {
+        on_hosts(&["h"; 3], config, |c| {
+            let mut v = vec![1f32; 1 << 18];
+            c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+            if c.rank() == 2 {
+                panic!("rank 2 fails in user code");
+            }
+            c.all_reduce(&mut v, ReduceOp::Sum).unwrap_err()
+        })
+    });
+    // The scope re-raises rank 2's panic; the others must have returned (not hung) first.
+    assert!(outcomes.is_err());
+    assert!(start.elapsed() < Duration::from_secs(15), "took {:?}", start.elapsed());
+}
+
+#[test]
+fn no_segment_file_is_left_behind() {
+    let job_files = || {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("xccl-")).count())
+            .unwrap_or(0)
+    };
+    on_hosts(&["h"; 4], test_config(), |c| {
+        let sub = c.split(Some((c.rank() / 2) as u32), 0).unwrap().unwrap();
+        sub.barrier().unwrap();
+        c.barrier().unwrap();
+    });
+    // Other tests may be creating segments at the same moment; none of ours may remain.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while job_files() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(job_files(), 0, "segment files left in /dev/shm");
+}
