@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 /// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
+/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory (`off`: never) | 64 KiB |
 /// | `XCCL_SHM` | `0` to use TCP between processes of one host instead of shared memory | `1` |
 /// | `XCCL_SHM_RING_BYTES` | bytes per shared-memory ring | by ranks per host: 4 MiB up to 4, 1 MiB up to 16, 256 KiB beyond |
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +30,9 @@ pub struct Config {
     pub shm: bool,
     /// Bytes per shared-memory ring; `None` sizes rings by the number of ranks per host.
     pub shm_ring: Option<usize>,
+    /// Messages at least this long go by pull (the receiver copies from the sender's memory
+    /// where it can); `usize::MAX` never.
+    pub pull_min: usize,
 }
 
 impl Config {
@@ -51,6 +55,7 @@ impl Default for Config {
             max_unexpected: 256 << 20,
             shm: true,
             shm_ring: None,
+            pull_min: 64 << 10,
         }
     }
 }
@@ -90,6 +95,13 @@ impl Config {
                 return Err(Error::Config(format!("XCCL_SHM_RING_BYTES='{v}' must be a power of two")));
             }
             c.shm_ring = Some(b);
+        }
+        if let Some(v) = lookup("XCCL_PULL_BYTES") {
+            c.pull_min = if v.trim() == "off" {
+                usize::MAX
+            } else {
+                parse_bytes("XCCL_PULL_BYTES", &v, 1, usize::MAX)?
+            };
         }
         if let Some(v) = lookup("XCCL_MAX_UNEXPECTED_BYTES") {
             c.max_unexpected = parse_bytes("XCCL_MAX_UNEXPECTED_BYTES", &v, 0, usize::MAX)?;

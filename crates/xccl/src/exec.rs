@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::frame::{self, CollKind, FrameKind, HEADER_LEN, Header, OpDesc};
+use crate::frame::{self, ACK_LEN, CollKind, FrameKind, HEADER_LEN, Header, OpDesc, PULL_LEN};
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Buf, Op, Program, Region};
+use crate::transport::pull::{self, Pull};
 use crate::transport::{Closed, Farewell, Interest, Links, PeerAborted};
 
 /// The caller's buffers of one collective, as raw byte ranges.
@@ -33,6 +34,37 @@ pub(crate) struct Bufs {
     pub input_len: usize,
     pub output: *mut u8,
     pub output_len: usize,
+}
+
+/// A collective ready to run on one rank: its identity (under sequence number 0), its
+/// schedule, checked against the buffer lengths it was built for, and the regions that hold
+/// this rank's final reduced values (finalised for `Avg`).
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub desc: OpDesc,
+    pub program: Program,
+    /// Bytes of input and output the program was checked against.
+    pub input_len: usize,
+    pub output_len: usize,
+    pub results: Vec<Region>,
+}
+
+impl Plan {
+    /// Builds the plan, checking the schedule against the buffers once for all its runs.
+    pub fn new(
+        desc: OpDesc,
+        program: Program,
+        rank: usize,
+        nranks: usize,
+        elems: (usize, usize),
+        results: Vec<Region>,
+    ) -> Result<Plan> {
+        program
+            .check(rank, nranks, elems.0, elems.1)
+            .map_err(|e| Error::Internal(format!("{desc}: bad schedule: {e}")))?;
+        let esize = desc.dtype.size();
+        Ok(Plan { desc, program, input_len: elems.0 * esize, output_len: elems.1 * esize, results })
+    }
 }
 
 /// One point-to-point message of a batch.
@@ -112,6 +144,11 @@ struct Task {
     /// Sends read it; receives and copies write it.
     span: Span,
     label: Label,
+    /// Sends: bytes whose frames are out (for a pulled message, announced but perhaps not
+    /// yet acknowledged).
+    sent: usize,
+    /// Bytes finished: received and placed, or (sends) written or acknowledged, so that the
+    /// region may be touched again.
     done: usize,
     complete: bool,
     /// A point-to-point receive already bound to an incoming message.
@@ -120,11 +157,24 @@ struct Task {
     deps: Vec<(usize, bool)>,
     /// Its completion was reported to the feed.
     reported: bool,
+    /// A later task of the step must wait for it.
+    has_dependents: bool,
 }
 
 impl Task {
     fn new(act: Act, span: Span, label: Label) -> Task {
-        Task { act, span, label, done: 0, complete: false, bound: false, deps: Vec::new(), reported: false }
+        Task {
+            act,
+            span,
+            label,
+            sent: 0,
+            done: 0,
+            complete: false,
+            bound: false,
+            deps: Vec::new(),
+            reported: false,
+            has_dependents: false,
+        }
     }
 
     fn reads(&self) -> Vec<Span> {
@@ -143,17 +193,67 @@ impl Task {
     }
 }
 
+/// What follows an outgoing frame's header.
+#[derive(Copy, Clone, Debug)]
+enum Body {
+    /// Bytes of a send task's message, streamed.
+    Data(Span),
+    /// Where to read a segment of `len` bytes: the receiver pulls it and acknowledges it.
+    Pull { desc: [u8; PULL_LEN], len: usize },
+    /// The acknowledgement of a pulled segment of the peer's.
+    Ack([u8; ACK_LEN]),
+}
+
 /// An outgoing frame being written.
 struct OutFrame {
-    task: usize,
+    /// The send task it belongs to (none for an acknowledgement).
+    task: Option<usize>,
     header: [u8; HEADER_LEN],
-    payload: Span,
+    body: Body,
     written: usize,
 }
 
 impl OutFrame {
+    fn body_len(&self) -> usize {
+        match self.body {
+            Body::Data(s) => s.len,
+            Body::Pull { .. } => PULL_LEN,
+            Body::Ack(_) => ACK_LEN,
+        }
+    }
+
     fn total(&self) -> usize {
-        HEADER_LEN + self.payload.len + frame::pad_for(self.payload.len)
+        HEADER_LEN + self.body_len() + frame::pad_for(self.body_len())
+    }
+
+    /// The unwritten rest of the frame, as slices for one vectored write.
+    fn rest<'a>(&'a self, pad: &'a [u8; 8]) -> ([IoSlice<'a>; 3], usize) {
+        let mut parts = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut n = 0;
+        let blen = self.body_len();
+        if self.written < HEADER_LEN {
+            parts[n] = IoSlice::new(&self.header[self.written..]);
+            n += 1;
+        }
+        let body_at = self.written.saturating_sub(HEADER_LEN);
+        if body_at < blen {
+            let body: &[u8] = match &self.body {
+                // SAFETY: the payload lies in a buffer of the running operation and, by the
+                // step's ordering rule, nothing writes these bytes until the frame is done.
+                Body::Data(s) => unsafe { s.bytes(body_at, blen) },
+                Body::Pull { desc, .. } => &desc[body_at..],
+                Body::Ack(a) => &a[body_at..],
+            };
+            parts[n] = IoSlice::new(body);
+            n += 1;
+        }
+        let total = self.total();
+        let pad_at = self.written.max(HEADER_LEN + blen);
+        if pad_at < total {
+            parts[n] = IoSlice::new(&pad[..total - pad_at]);
+            n += 1;
+        }
+        (parts, n)
     }
 }
 
@@ -184,7 +284,44 @@ enum Inbound {
     Pad {
         remaining: usize,
     },
+    /// A fixed-size control payload being read (a pull descriptor, an acknowledgement).
+    Control {
+        what: Control,
+        buf: [u8; PULL_LEN],
+        have: usize,
+    },
+    /// A segment being pulled out of the peer's memory.
+    Pulling {
+        target: Target,
+        from: Pull,
+        addr: u64,
+        len: usize,
+        pos: usize,
+        /// The pull frame's header, echoed in the acknowledgement.
+        header: Header,
+    },
 }
+
+/// What a control payload is for.
+#[derive(Copy, Clone, Debug)]
+enum Control {
+    /// The descriptor of a pull frame with this header, for `target`.
+    Pull { target: Target, header: Header },
+    /// An acknowledgement with this header.
+    Ack { header: Header },
+}
+
+impl Control {
+    fn len(&self) -> usize {
+        match self {
+            Control::Pull { .. } => PULL_LEN,
+            Control::Ack { .. } => ACK_LEN,
+        }
+    }
+}
+
+/// Bytes pulled per copy when combining: staged in L2, then reduced.
+const PULL_CHUNK: usize = 256 << 10;
 
 /// A point-to-point message that arrived before its receive was posted.
 struct Stashed {
@@ -203,6 +340,9 @@ pub(crate) struct Tuning {
     pub timeout: Duration,
     /// Most bytes of unexpected point-to-point messages kept at once.
     pub max_stash: usize,
+    /// Messages at least this long are pulled by receivers that can read this rank's memory
+    /// (`usize::MAX`: never).
+    pub pull_min: usize,
 }
 
 /// One rank's executor in one communicator: its links and all state that outlives a step.
@@ -213,6 +353,14 @@ pub(crate) struct Engine {
     links: Links,
     /// Largest frame payload per peer, as its link prefers.
     seg: Vec<usize>,
+    /// Per peer: whether and how this rank can read its memory.
+    pull_from: Vec<Option<Pull>>,
+    /// Per peer: whether it can read this rank's memory.
+    pulled_by: Vec<bool>,
+    /// Per peer: acknowledgements of its pulled segments, still to be written.
+    acks: Vec<VecDeque<OutFrame>>,
+    /// Staging for pulled segments that are combined.
+    stage: Vec<u64>,
     tuning: Tuning,
     inbound: Vec<Inbound>,
     /// Partial point-to-point message per peer: where its further frames go.
@@ -276,8 +424,14 @@ fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
 impl Engine {
     pub fn new(rank: usize, nranks: usize, comm: u64, mut links: Links, tuning: Tuning) -> Engine {
         let seg = (0..nranks).map(|p| links.link(p).map_or(0, |l| l.max_frame())).collect();
+        let pull_from = (0..nranks).map(|p| links.link(p).ok().and_then(|l| l.pull_from_peer())).collect();
+        let pulled_by = (0..nranks).map(|p| links.link(p).is_ok_and(|l| l.peer_pulls())).collect();
         Engine {
             seg,
+            pull_from,
+            pulled_by,
+            acks: (0..nranks).map(|_| VecDeque::new()).collect(),
+            stage: Vec::new(),
             rank,
             nranks,
             comm,
@@ -340,7 +494,6 @@ impl Engine {
     fn finish_frames(&mut self, deadline: Instant) {
         let mut broken = vec![false; self.nranks];
         loop {
-            let token = self.links.token();
             let mut want = vec![Interest::default(); self.nranks];
             for peer in 0..self.nranks {
                 if broken[peer] {
@@ -354,18 +507,9 @@ impl Engine {
                 };
                 let pad = [0u8; 8];
                 let total = f.total();
-                let mut parts = Vec::with_capacity(3);
-                if f.written < HEADER_LEN {
-                    parts.push(IoSlice::new(&f.header[f.written..]));
-                }
-                let body = f.written.saturating_sub(HEADER_LEN);
-                if body < f.payload.len {
-                    // SAFETY: as in `pump_out`: the failing operation's buffers are valid until
-                    // it returns, which is after this.
-                    parts.push(IoSlice::new(unsafe { f.payload.bytes(body, f.payload.len) }));
-                }
-                parts.push(IoSlice::new(&pad[..total - f.written.max(HEADER_LEN + f.payload.len)]));
-                match link.write(&parts) {
+                // The failing operation's buffers are valid until it returns, after this.
+                let (parts, n) = f.rest(&pad);
+                match link.write(&parts[..n]) {
                     Ok(n) => f.written += n,
                     Err(_) => broken[peer] = true,
                 }
@@ -378,6 +522,8 @@ impl Engine {
             if want.iter().all(|w| !w.write) || left.is_zero() {
                 return;
             }
+            // Without a last look after arming, a wake-up may be missed: the short nap bounds it.
+            let token = self.links.arm();
             let _ = self.links.wait(&want, token, left.min(Duration::from_millis(10)));
         }
     }
@@ -438,21 +584,18 @@ impl Engine {
         Error::PeerLost { op, peer, detail }
     }
 
-    /// Runs a collective's program; `results` are the regions that hold this rank's final
-    /// reduced values (finalised for `Avg`).
-    pub fn collective(
-        &mut self,
-        desc: &OpDesc,
-        prog: &Program,
-        bufs: &Bufs,
-        results: &[Region],
-    ) -> Result<()> {
+    /// Runs collective `plan` as operation number `seq` on `bufs`.
+    pub fn collective(&mut self, plan: &Plan, seq: u64, bufs: &Bufs) -> Result<()> {
+        let desc = plan.desc.with_seq(seq);
         self.check_alive(|| desc.to_string())?;
-        let res = self.run_program(desc, prog, bufs, results).map_err(|e| self.explain(e));
+        if bufs.input_len < plan.input_len || bufs.output_len < plan.output_len {
+            return Err(Error::Internal(format!("{desc}: buffers smaller than the plan's")));
+        }
+        let res = self.run_program(&desc, &plan.program, bufs, &plan.results).map_err(|e| self.explain(e));
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
-        self.history.push_back(*desc);
+        self.history.push_back(desc);
         if let Err(e) = &res {
             tracing::error!(rank = self.rank, comm = self.comm, "{e}; recent operations: {}", self.recent());
             self.abort(e);
@@ -462,8 +605,6 @@ impl Engine {
 
     fn run_program(&mut self, desc: &OpDesc, prog: &Program, bufs: &Bufs, results: &[Region]) -> Result<()> {
         let esize = desc.dtype.size();
-        prog.check(self.rank, self.nranks, bufs.input_len / esize, bufs.output_len / esize)
-            .map_err(|e| Error::Internal(format!("{desc}: bad schedule: {e}")))?;
         let words = (prog.scratch * esize).div_ceil(8);
         if self.scratch.len() < words {
             self.scratch.resize(words, 0);
@@ -475,7 +616,8 @@ impl Engine {
                 Buf::Output => bufs.output,
                 Buf::Scratch => scratch,
             };
-            // SAFETY: `Program::check` above proved the region lies inside its buffer.
+            // SAFETY: `Plan::new` checked that the region lies inside buffers of the plan's
+            // lengths, and `collective` that the buffers are at least that long.
             Span { ptr: unsafe { base.add(r.off * esize) }, len: r.len * esize }
         };
         for (s, step) in prog.steps.iter().enumerate() {
@@ -504,7 +646,7 @@ impl Engine {
         if let Some(op) = desc.op {
             for r in results {
                 let sp = span(r);
-                // SAFETY: the region is inside its buffer (checked above) and every task of
+                // SAFETY: the region is inside its buffer (see `span`) and every task of
                 // the program has finished, so nothing else views this memory.
                 reduce::finalize(desc.dtype, op, unsafe { sp.bytes_mut(0, sp.len) }, self.nranks)?;
             }
@@ -537,18 +679,16 @@ impl Engine {
             }
         }
         let mut reported = 0;
-        let mut last_progress = Instant::now();
+        // When the step last stopped moving, and how many idle passes it has polled since.
+        let mut idle_since: Option<Instant> = None;
+        let mut polls = 0u32;
+        let spin = self.links.spin_budget();
         loop {
-            let token = self.links.token();
             let mut progress = false;
             if let Some(feed) = feed.as_deref_mut() {
                 progress |= self.take_issued(&mut run, feed)?;
             }
-            progress |= run.local_copies();
-            for peer in 0..self.nranks {
-                progress |= self.pump_out(&mut run, peer)?;
-                progress |= self.pump_in(&mut run, peer)?;
-            }
+            progress |= self.pump_all(&mut run)?;
             if let Some(feed) = feed.as_deref_mut() {
                 // Messages complete in any order; report each once.
                 for (i, t) in run.tasks.iter().enumerate().skip(reported) {
@@ -563,7 +703,7 @@ impl Engine {
                     reported += 1;
                 }
             }
-            if run.tasks.iter().all(|t| t.complete) {
+            if run.tasks.iter().all(|t| t.complete) && self.acks_written() {
                 // A batch ends when everything taken has completed and nothing new came.
                 let more = match feed.as_deref_mut() {
                     Some(feed) => self.take_issued(&mut run, feed)?,
@@ -575,36 +715,73 @@ impl Engine {
                 continue;
             }
             if progress {
-                last_progress = Instant::now();
+                idle_since = None;
+                polls = 0;
                 continue;
+            }
+            let idle = *idle_since.get_or_insert_with(Instant::now);
+            // Poll memory links for a while: a peer that is about to answer is cheaper to
+            // catch by looking than by sleeping and being woken (the clock is read only
+            // every 64 looks).
+            if !spin.is_zero() {
+                polls += 1;
+                std::hint::spin_loop();
+                if polls % 64 != 0 || idle.elapsed() < spin {
+                    continue;
+                }
             }
             let want = self.interest(&run);
             if want.iter().all(|w| !w.read && !w.write) {
                 return Err(Error::Internal(format!("{}: step stalled with nothing to wait for", run.op())));
             }
-            let idle_for = last_progress.elapsed();
+            let idle_for = idle.elapsed();
             if idle_for >= self.tuning.timeout {
                 return Err(self.timeout_error(&run, idle_for));
             }
+            // Arm, then one last look: a peer that published before it saw the arm did not
+            // ring.
+            let token = self.links.arm();
+            if self.pump_all(&mut run)? {
+                self.links.disarm();
+                idle_since = None;
+                polls = 0;
+                continue;
+            }
             let nap = (self.tuning.timeout - idle_for).min(Duration::from_secs(1));
-            let gone = self
-                .links
-                .wait(&want, token, nap)
-                .map_err(|e| Error::io(format!("{}: waiting", run.op()), e))?;
             // A peer that ended is not fatal yet: what it sent before may be all this step
             // needs. Reading past its last byte, or writing to it, fails at once.
-            drop(gone);
+            self.links.wait(&want, token, nap).map_err(|e| Error::io(format!("{}: waiting", run.op()), e))?;
         }
+    }
+
+    /// Whether every acknowledgement owed to a peer has been written (a step may not end
+    /// before: the peer waits for it).
+    fn acks_written(&self) -> bool {
+        self.acks.iter().all(VecDeque::is_empty)
+            && self.out.iter().all(|f| !matches!(f, Some(OutFrame { body: Body::Ack(_), .. })))
+    }
+
+    /// One pass over local copies and every peer's outgoing and incoming stream.
+    fn pump_all(&mut self, run: &mut StepRun<'_>) -> Result<bool> {
+        let mut progress = run.local_copies();
+        for peer in 0..self.nranks {
+            progress |= self.pump_out(run, peer)?;
+            progress |= self.pump_in(run, peer)?;
+        }
+        Ok(progress)
     }
 
     fn interest(&self, run: &StepRun<'_>) -> Vec<Interest> {
         (0..self.nranks)
             .map(|peer| {
                 let write = self.out[peer].is_some()
+                    || !self.acks[peer].is_empty()
                     || run.next_send(peer).is_some_and(|i| run.send_ready(i, self.seg[peer]) > 0);
                 let read = match &self.inbound[peer] {
                     Inbound::Idle => run.expects_from(peer),
-                    Inbound::Header { .. } | Inbound::Pad { .. } => true,
+                    Inbound::Header { .. } | Inbound::Pad { .. } | Inbound::Control { .. } => true,
+                    Inbound::Pulling { target: Target::Task(i), .. } => run.limit(*i) > run.tasks[*i].done,
+                    Inbound::Pulling { .. } => true,
                     Inbound::Payload { target: Target::Task(i), .. } => run.limit(*i) > run.tasks[*i].done,
                     Inbound::Payload { .. } => true,
                 };
@@ -645,42 +822,34 @@ impl Engine {
         let mut progress = false;
         loop {
             if self.out[peer].is_none() {
-                let Some(i) = run.next_send(peer) else { break };
-                let ready = run.send_ready(i, self.seg[peer]);
-                // An empty message still goes out, as a bare header.
-                if ready == 0 && run.tasks[i].span.len > 0 {
-                    break;
+                // Acknowledgements first: the peer waits on them.
+                if let Some(ack) = self.acks[peer].pop_front() {
+                    self.out[peer] = Some(ack);
+                } else {
+                    let Some(i) = run.next_send(peer) else { break };
+                    let ready = run.send_ready(i, self.seg[peer]);
+                    // An empty message still goes out, as a bare header.
+                    if ready == 0 && run.tasks[i].span.len > 0 {
+                        break;
+                    }
+                    if let Some(how) = self.links.gone(peer) {
+                        let detail = format!(
+                            "it ended its communicator ({how:?}) before this rank sent it everything"
+                        );
+                        return Err(Error::PeerLost { op: run.op(), peer, detail });
+                    }
+                    // A pulled send is done only when the peer has copied it; if a later task of
+                    // the step waited for that, two ranks exchanging in place would each wait
+                    // for the other's copy: such sends are streamed.
+                    let t = &run.tasks[i];
+                    let pull =
+                        self.pulled_by[peer] && t.span.len >= self.tuning.pull_min && !t.has_dependents;
+                    self.out[peer] = Some(self.frame_for(run, i, ready, pull));
                 }
-                if let Some(how) = self.links.gone(peer) {
-                    let detail =
-                        format!("it ended its communicator ({how:?}) before this rank sent it everything");
-                    return Err(Error::PeerLost { op: run.op(), peer, detail });
-                }
-                self.out[peer] = Some(self.frame_for(run, i, ready));
             }
             let f = self.out[peer].as_mut().expect("frame present");
             let pad = [0u8; 8];
-            let plen = f.payload.len;
-            let mut parts = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
-            let mut n = 0;
-            let mut at = f.written;
-            if at < HEADER_LEN {
-                parts[n] = IoSlice::new(&f.header[at..]);
-                n += 1;
-                at = HEADER_LEN;
-            }
-            if at < HEADER_LEN + plen {
-                // SAFETY: the payload lies in a buffer of the running operation and, by the
-                // step's ordering rule, nothing writes these bytes until the frame is done.
-                parts[n] = IoSlice::new(unsafe { f.payload.bytes(at - HEADER_LEN, plen) });
-                n += 1;
-                at = HEADER_LEN + plen;
-            }
-            let total = f.total();
-            if at < total {
-                parts[n] = IoSlice::new(&pad[..total - at]);
-                n += 1;
-            }
+            let (parts, n) = f.rest(&pad);
             let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
             let wrote = link.write(&parts[..n]).map_err(|e| lost(run.op(), peer, e))?;
             if wrote == 0 {
@@ -688,18 +857,29 @@ impl Engine {
             }
             progress = true;
             f.written += wrote;
-            if f.written == total {
-                let task = &mut run.tasks[f.task];
-                task.done += plen;
-                task.complete = task.done == task.span.len;
+            if f.written == f.total() {
+                if let Some(i) = f.task {
+                    let task = &mut run.tasks[i];
+                    match f.body {
+                        Body::Data(s) => {
+                            task.sent += s.len;
+                            task.done += s.len;
+                            task.complete = task.done == task.span.len;
+                        }
+                        // Done when the peer acknowledges it.
+                        Body::Pull { len, .. } => task.sent += len,
+                        Body::Ack(_) => {}
+                    }
+                }
                 self.out[peer] = None;
             }
         }
         Ok(progress)
     }
 
-    /// The next frame of send task `i`, carrying `len` bytes.
-    fn frame_for(&self, run: &StepRun<'_>, i: usize, len: usize) -> OutFrame {
+    /// The next frame of send task `i`, covering its next `len` bytes: streamed, or (`pull`)
+    /// as a descriptor for the receiver to pull.
+    fn frame_for(&self, run: &StepRun<'_>, i: usize, len: usize, pull: bool) -> OutFrame {
         let t = &run.tasks[i];
         let mut h = match (run.ctx, t.label) {
             (Ctx::Coll { desc, step }, Label::Coll { msg }) => Header::data(self.comm, desc, step, msg),
@@ -716,11 +896,23 @@ impl Engine {
             }
         };
         h.total = t.span.len as u64;
-        h.offset = t.done as u64;
-        h.len = len as u32;
-        // SAFETY: `done + len <= span.len`, so the payload stays inside the task's span.
-        let payload = Span { ptr: unsafe { t.span.ptr.add(t.done) }, len };
-        OutFrame { task: i, header: h.encode(), payload, written: 0 }
+        h.offset = t.sent as u64;
+        // SAFETY: `sent + len <= span.len`, so the segment stays inside the task's span.
+        let segment = Span { ptr: unsafe { t.span.ptr.add(t.sent) }, len };
+        let body = if pull {
+            h.kind = FrameKind::Pull;
+            let mut desc = [0u8; PULL_LEN];
+            desc[..8].copy_from_slice(&(segment.ptr as u64).to_le_bytes());
+            desc[8..].copy_from_slice(&(len as u64).to_le_bytes());
+            Body::Pull { desc, len }
+        } else {
+            Body::Data(segment)
+        };
+        h.len = match body {
+            Body::Data(_) => len as u32,
+            _ => PULL_LEN as u32,
+        };
+        OutFrame { task: Some(i), header: h.encode(), body, written: 0 }
     }
 
     /// Reads from `peer` while bytes arrive and have somewhere to go; true if anything moved.
@@ -768,6 +960,40 @@ impl Engine {
                     };
                     n > 0
                 }
+                Inbound::Control { what, mut buf, mut have } => {
+                    let need = what.len();
+                    let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+                    let n = link.read(&mut buf[have..need]).map_err(|e| lost(run.op(), peer, e))?;
+                    have += n;
+                    self.inbound[peer] = if have < need {
+                        Inbound::Control { what, buf, have }
+                    } else {
+                        self.on_control(run, peer, what, &buf)?
+                    };
+                    n > 0
+                }
+                Inbound::Pulling { target, from, addr, len, mut pos, header } => {
+                    let n = self.pull(run, peer, target, from, addr + pos as u64, len - pos)?;
+                    pos += n;
+                    self.inbound[peer] = if pos < len {
+                        Inbound::Pulling { target, from, addr, len, pos, header }
+                    } else {
+                        // Copied: the sender may reuse the segment.
+                        let mut ack = header;
+                        ack.kind = FrameKind::Ack;
+                        ack.len = ACK_LEN as u32;
+                        let frame = OutFrame {
+                            task: None,
+                            header: ack.encode(),
+                            body: Body::Ack((len as u64).to_le_bytes()),
+                            written: 0,
+                        };
+                        self.acks[peer].push_back(frame);
+                        self.payload_done(run, peer, target)?;
+                        Inbound::Idle
+                    };
+                    n > 0
+                }
             };
             if !moved {
                 break;
@@ -805,66 +1031,29 @@ impl Engine {
                 self.abort_origin = h.root as usize;
                 Target::Reason
             }
-            FrameKind::Data if h.coll == CollKind::SendRecv => self.route_p2p(run, peer, &h)?,
-            FrameKind::Data => {
-                let Ctx::Coll { desc, step } = run.ctx else {
-                    return Err(Error::Mismatch {
-                        rank: self.rank,
-                        local: "send/recv (a point-to-point receive from it)".into(),
-                        peer,
-                        remote: h.describe(),
-                    });
+            FrameKind::Ack => {
+                return Ok(Inbound::Control {
+                    what: Control::Ack { header: h },
+                    buf: [0; PULL_LEN],
+                    have: 0,
+                });
+            }
+            FrameKind::Data | FrameKind::Pull => {
+                let target = if h.coll == CollKind::SendRecv {
+                    self.route_p2p(run, peer, &h)?
+                } else {
+                    Target::Task(self.coll_target(run, peer, &h)?)
                 };
-                if !h.matches(desc) {
-                    // A frame of an earlier operation: compare with what this rank ran then.
-                    let ours = self
-                        .history
-                        .iter()
-                        .rev()
-                        .find(|d| d.seq == h.seq && h.seq < desc.seq)
-                        .unwrap_or(desc);
-                    return Err(Error::Mismatch {
-                        rank: self.rank,
-                        local: ours.to_string(),
-                        peer,
-                        remote: h.describe(),
-                    });
+                if h.kind == FrameKind::Pull {
+                    if self.pull_from[peer].is_none() {
+                        return Err(protocol(
+                            "it sent a pull descriptor, but this rank cannot read its memory".into(),
+                        ));
+                    }
+                    let what = Control::Pull { target, header: h };
+                    return Ok(Inbound::Control { what, buf: [0; PULL_LEN], have: 0 });
                 }
-                let Some(i) = run.next_recv(peer) else {
-                    return Err(protocol(format!(
-                        "step {} message {} arrived but none was expected",
-                        h.step, h.msg
-                    )));
-                };
-                let t = &run.tasks[i];
-                let Label::Coll { msg } = t.label else {
-                    unreachable!("collective step has collective labels")
-                };
-                if h.step != step || h.msg != msg {
-                    return Err(protocol(format!(
-                        "got step {} message {}, expected step {step} message {msg}: the ranks' schedules disagree",
-                        h.step, h.msg
-                    )));
-                }
-                if h.total != t.span.len as u64 {
-                    return Err(Error::Mismatch {
-                        rank: self.rank,
-                        local: format!("{desc} expecting {} bytes in this message", t.span.len),
-                        peer,
-                        remote: format!(
-                            "{} sending {} bytes (do the counts passed differ?)",
-                            h.describe(),
-                            h.total
-                        ),
-                    });
-                }
-                if h.offset != t.done as u64 {
-                    return Err(protocol(format!(
-                        "frame at offset {} while {} bytes were received",
-                        h.offset, t.done
-                    )));
-                }
-                Target::Task(i)
+                target
             }
         };
         if len == 0 {
@@ -872,6 +1061,169 @@ impl Engine {
             return Ok(Inbound::Idle);
         }
         Ok(Inbound::Payload { target, remaining: len, pad })
+    }
+
+    /// The receive task of the current collective step that a data or pull frame from `peer`
+    /// belongs to, after checking that it is the frame expected.
+    fn coll_target(&self, run: &StepRun<'_>, peer: usize, h: &Header) -> Result<usize> {
+        let ctx = run.ctx;
+        let protocol = |detail: String| Error::Protocol { op: ctx.describe(), peer, detail };
+        let Ctx::Coll { desc, step } = run.ctx else {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: "send/recv (a point-to-point receive from it)".into(),
+                peer,
+                remote: h.describe(),
+            });
+        };
+        if !h.matches(desc) {
+            // A frame of an earlier operation: compare with what this rank ran then.
+            let ours = self.history.iter().rev().find(|d| d.seq == h.seq && h.seq < desc.seq).unwrap_or(desc);
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: ours.to_string(),
+                peer,
+                remote: h.describe(),
+            });
+        }
+        let Some(i) = run.next_recv(peer) else {
+            return Err(protocol(format!("step {} message {} arrived but none was expected", h.step, h.msg)));
+        };
+        let t = &run.tasks[i];
+        let Label::Coll { msg } = t.label else { unreachable!("collective step has collective labels") };
+        if h.step != step || h.msg != msg {
+            return Err(protocol(format!(
+                "got step {} message {}, expected step {step} message {msg}: the ranks' schedules disagree",
+                h.step, h.msg
+            )));
+        }
+        if h.total != t.span.len as u64 {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: format!("{desc} expecting {} bytes in this message", t.span.len),
+                peer,
+                remote: format!("{} sending {} bytes (do the counts passed differ?)", h.describe(), h.total),
+            });
+        }
+        if h.offset != t.done as u64 {
+            return Err(protocol(format!(
+                "frame at offset {} while {} bytes were received",
+                h.offset, t.done
+            )));
+        }
+        Ok(i)
+    }
+
+    /// Acts on a complete control payload: starts a pull, or applies an acknowledgement.
+    fn on_control(
+        &mut self,
+        run: &mut StepRun<'_>,
+        peer: usize,
+        what: Control,
+        buf: &[u8; PULL_LEN],
+    ) -> Result<Inbound> {
+        let ctx = run.ctx;
+        let protocol = |detail: String| Error::Protocol { op: ctx.describe(), peer, detail };
+        let word = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        match what {
+            Control::Pull { target, header } => {
+                let (addr, len) = (word(0), word(1));
+                let room = header.total.saturating_sub(header.offset);
+                if len == 0 || len > room || addr == 0 {
+                    return Err(protocol(format!(
+                        "pull of {len} bytes at {addr:#x} into {room} remaining bytes"
+                    )));
+                }
+                let from =
+                    self.pull_from[peer].ok_or_else(|| protocol("pull from an unreadable peer".into()))?;
+                Ok(Inbound::Pulling { target, from, addr, len: len as usize, pos: 0, header })
+            }
+            Control::Ack { header } => {
+                let acked = word(0) as usize;
+                let i = run.acked_send(peer, &header).ok_or_else(|| {
+                    protocol(format!(
+                        "acknowledgement of a message this rank did not send ({})",
+                        header.describe()
+                    ))
+                })?;
+                let t = &mut run.tasks[i];
+                if header.offset != t.done as u64 || t.done + acked > t.sent {
+                    return Err(protocol(format!(
+                        "acknowledgement of bytes {}..+{acked} while {} of {} sent bytes were acknowledged",
+                        header.offset, t.done, t.sent
+                    )));
+                }
+                t.done += acked;
+                t.complete = t.done == t.span.len;
+                Ok(Inbound::Idle)
+            }
+        }
+    }
+
+    /// Pulls up to `left` bytes at `addr` of `peer` (`from`) into `target`, as far as the
+    /// ordering rule allows; returns how many.
+    fn pull(
+        &mut self,
+        run: &mut StepRun<'_>,
+        peer: usize,
+        target: Target,
+        from: Pull,
+        addr: u64,
+        left: usize,
+    ) -> Result<usize> {
+        let ctx = run.ctx;
+        let fail = |e: std::io::Error| lost(ctx.describe(), peer, e);
+        match target {
+            Target::Stash(k) => {
+                let s = &mut self.stash[k];
+                // SAFETY: the sender keeps the segment valid and unwritten until acknowledged.
+                unsafe { pull::copy(from, addr, &mut s.data[s.filled..s.filled + left]) }.map_err(fail)?;
+                s.filled += left;
+                Ok(left)
+            }
+            Target::Reason => Err(Error::Internal("pull into an abort reason".into())),
+            Target::Task(i) => {
+                let t = &run.tasks[i];
+                let n = run.limit(i).saturating_sub(t.done).min(left).min(PULL_CHUNK);
+                if n == 0 {
+                    return Ok(0);
+                }
+                let (done, dst) = (t.done, t.span);
+                match (t.act, run.ctx.combine()) {
+                    (Act::Recv { with: Some(with), .. }, Some((dtype, rop))) => {
+                        let words = PULL_CHUNK / 8;
+                        if self.stage.len() < words {
+                            self.stage.resize(words, 0);
+                        }
+                        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.stage)[..n];
+                        // SAFETY: the sender keeps the segment valid and unwritten until
+                        // acknowledged; `stage` is our own memory.
+                        unsafe { pull::copy(from, addr, stage) }.map_err(fail)?;
+                        // SAFETY: [done, done + n) lies in the destination (n <= limit - done)
+                        // and, by the ordering rule, no other view of it is alive.
+                        unsafe {
+                            if with.ptr == dst.ptr {
+                                reduce::combine(dtype, rop, dst.bytes_mut(done, done + n), stage)?;
+                            } else {
+                                reduce::combine_into(
+                                    dtype,
+                                    rop,
+                                    dst.bytes_mut(done, done + n),
+                                    with.bytes(done, done + n),
+                                    stage,
+                                )?;
+                            }
+                        }
+                    }
+                    _ => {
+                        // SAFETY: as above; the pull writes only the destination range.
+                        unsafe { pull::copy(from, addr, dst.bytes_mut(done, done + n)) }.map_err(fail)?;
+                    }
+                }
+                run.tasks[i].done += n;
+                Ok(n)
+            }
+        }
     }
 
     /// Finds where the payload of a point-to-point frame goes: the posted receive it
@@ -1145,7 +1497,7 @@ impl<'a> StepRun<'a> {
             t.complete |= t.span.len == 0;
         }
         if !t.complete {
-            for (i, a) in self.tasks.iter().enumerate() {
+            for (i, a) in self.tasks.iter_mut().enumerate() {
                 let mut pairs = Vec::new();
                 if let Some(w) = a.writes() {
                     pairs.extend(t.reads().into_iter().chain(t.writes()).map(|r| (w, r)));
@@ -1157,6 +1509,7 @@ impl<'a> StepRun<'a> {
                 if !clashes.is_empty() {
                     let fine = clashes.iter().all(|(x, y)| x == y) && a.span.len == t.span.len;
                     t.deps.push((i, fine));
+                    a.has_dependents = true;
                 }
             }
         }
@@ -1195,21 +1548,39 @@ impl<'a> StepRun<'a> {
     /// its message, once that much is ready (0: wait).
     fn send_ready(&self, i: usize, seg: usize) -> usize {
         let t = &self.tasks[i];
-        let want = (t.span.len - t.done).min(seg);
-        if self.limit(i) - t.done >= want { want } else { 0 }
+        let want = (t.span.len - t.sent).min(seg);
+        if self.limit(i).saturating_sub(t.sent) >= want { want } else { 0 }
     }
 
+    /// The first send to `peer` with bytes not yet out.
     fn next_send(&self, peer: usize) -> Option<usize> {
-        self.sends[peer].iter().copied().find(|&i| !self.tasks[i].complete)
+        self.sends[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            t.sent < t.span.len || (t.span.len == 0 && !t.complete)
+        })
+    }
+
+    /// The send to `peer` that acknowledgement `h` is for.
+    fn acked_send(&self, peer: usize, h: &Header) -> Option<usize> {
+        self.sends[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            t.sent > t.done
+                && match (self.ctx, t.label) {
+                    (Ctx::Coll { step, .. }, Label::Coll { msg }) => h.step == step && h.msg == msg,
+                    (_, Label::P2p { seq, .. }) => h.coll == CollKind::SendRecv && h.seq == seq,
+                    (Ctx::P2p, Label::Coll { .. }) => false,
+                }
+        })
     }
 
     fn next_recv(&self, peer: usize) -> Option<usize> {
         self.recvs[peer].iter().copied().find(|&i| !self.tasks[i].complete)
     }
 
-    /// Whether a frame from `peer` is awaited.
+    /// Whether a frame from `peer` is awaited: data, or acknowledgements of pulled segments.
     fn expects_from(&self, peer: usize) -> bool {
         self.recvs[peer].iter().any(|&i| !self.tasks[i].complete)
+            || self.sends[peer].iter().any(|&i| self.tasks[i].sent > self.tasks[i].done)
     }
 
     /// The first unbound point-to-point receive from `peer` with `tag`.

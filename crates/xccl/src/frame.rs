@@ -41,7 +41,16 @@ pub(crate) enum FrameKind {
     Abort = 2,
     /// The sender closed its communicator cleanly; nothing follows.
     Goodbye = 3,
+    /// Instead of the payload, where to read it: the receiver copies the segment out of the
+    /// sender's memory, then acknowledges it. Payload: address and length (`u64` each).
+    Pull = 4,
+    /// The receiver has copied a pulled segment. Payload: its length (`u64`).
+    Ack = 5,
 }
+
+/// Payload bytes of a pull descriptor and of an acknowledgement.
+pub(crate) const PULL_LEN: usize = 16;
+pub(crate) const ACK_LEN: usize = 8;
 
 /// Which operation a rank is running. Travels in headers and names operations in errors.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +135,11 @@ pub(crate) struct OpDesc {
 }
 
 impl OpDesc {
+    /// The same operation under sequence number `seq`.
+    pub fn with_seq(&self, seq: u64) -> OpDesc {
+        OpDesc { seq, ..*self }
+    }
+
     /// The fields that must match between ranks, as a header would carry them.
     fn signature(&self) -> (CollKind, u64, DType, u8, u64, u32, u8) {
         (
@@ -268,6 +282,8 @@ impl Header {
             1 => FrameKind::Data,
             2 => FrameKind::Abort,
             3 => FrameKind::Goodbye,
+            4 => FrameKind::Pull,
+            5 => FrameKind::Ack,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let coll = CollKind::from_tag(b[6]).ok_or_else(|| format!("unknown operation tag {}", b[6]))?;
@@ -291,6 +307,17 @@ impl Header {
             total: u64_at(56),
             offset: u64_at(64),
         };
+        let fixed = match kind {
+            FrameKind::Pull => Some(PULL_LEN),
+            FrameKind::Ack => Some(ACK_LEN),
+            _ => None,
+        };
+        if let Some(want) = fixed {
+            if h.len as usize != want {
+                return Err(format!("{kind:?} frame with a {}-byte payload (expected {want})", h.len));
+            }
+            return Ok(h);
+        }
         let limit = if kind == FrameKind::Data { MAX_PAYLOAD } else { MAX_REASON };
         if h.len as usize > limit {
             return Err(format!("frame payload of {} bytes exceeds the limit of {limit}", h.len));

@@ -200,7 +200,7 @@ impl Program {
 }
 
 /// A partition of a buffer into consecutive blocks, one per rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Blocks {
     offsets: Vec<usize>,
     lens: Vec<usize>,

@@ -2,8 +2,9 @@
 //! in issue order, the CPU counterpart of a CUDA communication stream.
 //!
 //! Blocking calls and asynchronous calls share one order. A blocking call made while the
-//! stream is idle (nothing queued, nothing running) runs at once on the caller's thread,
-//! sparing two thread hand-offs; otherwise it queues behind what is there and waits.
+//! stream is idle (nothing queued, nothing running) runs at once on the caller's thread and
+//! returns its result directly, sparing two thread hand-offs; otherwise it queues behind what
+//! is there and waits.
 //!
 //! Point-to-point operations form batches: a batch takes in every point-to-point operation
 //! issued while it runs, progresses them all at once and completes each as it finishes, so
@@ -17,44 +18,39 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, Engine, P2p, P2pFeed};
-use crate::frame::OpDesc;
-use crate::schedule::{Program, Region};
+use crate::exec::{Bufs, Engine, P2p, P2pFeed, Plan};
 use crate::transport::{Farewell, Waker};
 use crate::work::{Completion, OpSpan};
 
-/// One queued operation, and when it was issued.
-pub(crate) struct Job {
-    pub op: JobOp,
-    pub issued: Instant,
-}
-
-impl Job {
-    pub fn new(op: JobOp) -> Job {
-        Job { op, issued: Instant::now() }
-    }
-
-    fn done(&self) -> &Arc<Completion> {
-        match &self.op {
-            JobOp::Coll { done, .. } | JobOp::P2p { done, .. } | JobOp::Marker { done } => done,
-        }
-    }
-}
-
 /// What a queued operation does.
 pub(crate) enum JobOp {
-    /// A collective: its identity, schedule, buffers and result regions.
-    Coll { desc: OpDesc, program: Program, bufs: Bufs, results: Vec<Region>, done: Arc<Completion> },
+    /// A collective: its plan, sequence number and buffers.
+    Coll { plan: Arc<Plan>, seq: u64, bufs: Bufs },
     /// One point-to-point message.
-    P2p { msg: P2p, done: Arc<Completion> },
+    P2p { msg: P2p },
     /// Completes when everything before it has.
-    Marker { done: Arc<Completion> },
+    Marker,
 }
 
 // SAFETY: the raw pointers inside an operation point to buffers that the issuer keeps valid and
-// untouched until the job's completion is signalled (blocking calls wait for it; async calls
-// park the owned buffers in the completion); only the thread running the job dereferences them.
+// untouched until the operation has completed (blocking calls wait for it; async calls park
+// the owned buffers in the completion); only the thread running the operation uses them.
 unsafe impl Send for JobOp {}
+
+/// One queued operation, when it was issued, and where its outcome goes.
+struct Job {
+    op: JobOp,
+    issued: Instant,
+    done: Option<Arc<Completion>>,
+}
+
+impl Job {
+    fn finish(&self, result: &Result<()>) {
+        if let Some(d) = &self.done {
+            d.finish(result.clone());
+        }
+    }
+}
 
 struct Queue {
     jobs: VecDeque<Job>,
@@ -118,8 +114,15 @@ struct BusyGuard<'a>(&'a Shared);
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.0.queue().busy = false;
-        self.0.cv.notify_all();
+        let mut q = self.0.queue();
+        q.busy = false;
+        // Wake the progress thread only if it has something to do: waking it for nothing on
+        // every inline operation would cost a context switch each time.
+        let work = !q.jobs.is_empty() || q.closing.is_some();
+        drop(q);
+        if work {
+            self.0.cv.notify_all();
+        }
     }
 }
 
@@ -148,15 +151,6 @@ impl Stream {
         Ok(Stream { rank, shared, thread: Some(thread) })
     }
 
-    /// Queues a collective built from the next sequence number; returns that number.
-    pub fn submit(&self, make: impl FnOnce(u64) -> Job) -> u64 {
-        let mut q = self.shared.queue();
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        self.shared.enqueue(q, make(seq));
-        seq
-    }
-
     /// Starts (or stops, dropping what was recorded) recording operation spans.
     pub fn record_timeline(&self, on: bool) {
         *self.shared.timeline.lock().unwrap_or_else(PoisonError::into_inner) = on.then(Vec::new);
@@ -164,46 +158,55 @@ impl Stream {
 
     /// Takes the spans recorded so far.
     pub fn take_timeline(&self) -> Vec<OpSpan> {
-        self.shared
-            .timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+        let mut t = self.shared.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        t.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Queues a job that takes no sequence number (point-to-point, marker).
-    pub fn submit_unsequenced(&self, job: Job) {
-        self.shared.enqueue(self.shared.queue(), job);
-    }
-
-    /// Runs a collective built from the next sequence number and returns that number once
-    /// it has completed: on this thread if the stream is idle, else after what is queued.
-    pub fn run(&self, make: impl FnOnce(u64) -> Job, done: &Completion) -> u64 {
+    /// Queues an operation built from the next collective sequence number; its outcome goes
+    /// to `done`. Returns the sequence number.
+    pub fn submit(&self, make: impl FnOnce(u64) -> JobOp, done: Arc<Completion>) -> u64 {
         let mut q = self.shared.queue();
         let seq = q.next_seq;
         q.next_seq += 1;
-        self.run_or_queue(q, make(seq), done);
+        let job = Job { op: make(seq), issued: Instant::now(), done: Some(done) };
+        self.shared.enqueue(q, job);
         seq
     }
 
-    /// Runs a job without sequence number like [`Stream::run`].
-    pub fn run_unsequenced(&self, job: Job, done: &Completion) {
-        self.run_or_queue(self.shared.queue(), job, done);
+    /// Queues an operation that takes no sequence number (point-to-point, marker).
+    pub fn submit_unsequenced(&self, op: JobOp, done: Arc<Completion>) {
+        let job = Job { op, issued: Instant::now(), done: Some(done) };
+        self.shared.enqueue(self.shared.queue(), job);
     }
 
-    fn run_or_queue(&self, mut q: MutexGuard<'_, Queue>, job: Job, done: &Completion) {
+    /// Runs an operation built from the next collective sequence number and returns the
+    /// number and the outcome once it has completed: on this thread if the stream is idle,
+    /// else after what is queued.
+    pub fn run(&self, make: impl FnOnce(u64) -> JobOp) -> (u64, Result<()>) {
+        let mut q = self.shared.queue();
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        let op = make(seq);
+        (seq, self.run_or_queue(q, op))
+    }
+
+    /// Runs an operation without sequence number like [`Stream::run`].
+    pub fn run_unsequenced(&self, op: JobOp) -> Result<()> {
+        self.run_or_queue(self.shared.queue(), op)
+    }
+
+    fn run_or_queue(&self, mut q: MutexGuard<'_, Queue>, op: JobOp) -> Result<()> {
+        let issued = Instant::now();
         if q.busy || !q.jobs.is_empty() {
-            self.shared.enqueue(q, job);
-        } else {
-            q.busy = true;
-            drop(q);
-            // Cleared even if the operation panics, so the stream never stays busy forever.
-            let _busy = BusyGuard(&self.shared);
-            run(&self.shared, &mut self.shared.engine(), job);
+            let done = Arc::new(Completion::default());
+            self.shared.enqueue(q, Job { op, issued, done: Some(done.clone()) });
+            return done.wait_result();
         }
-        let _ = done.wait_result();
+        q.busy = true;
+        drop(q);
+        // Cleared even if the operation panics, so the stream never stays busy forever.
+        let _busy = BusyGuard(&self.shared);
+        run(&self.shared, &mut self.shared.engine(), Job { op, issued, done: None })
     }
 }
 
@@ -249,9 +252,9 @@ fn progress(shared: &Shared) {
             }
         };
         let _busy = BusyGuard(shared);
-        let done = job.done().clone();
+        let done = job.done.clone();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run(shared, &mut shared.engine(), job)));
-        if outcome.is_err() {
+        if let (Err(_), Some(done)) = (outcome, done) {
             // A bug inside xccl: fail the operation instead of leaving its waiter hanging.
             done.finish_if_pending(Err(Error::Internal("operation panicked inside xccl".into())));
         }
@@ -262,49 +265,56 @@ fn progress(shared: &Shared) {
 /// point-to-point job at the head of the queue as it is issued.
 struct QueueFeed<'a> {
     shared: &'a Shared,
-    first: Option<(P2p, Arc<Completion>, Instant)>,
-    dones: Vec<Arc<Completion>>,
-    msgs: Vec<P2p>,
-    /// When each message was issued and taken in.
-    times: Vec<(Instant, Instant)>,
+    first: Option<Job>,
+    /// The batch's messages, in the order fetched, with their jobs.
+    jobs: Vec<(P2p, Option<Arc<Completion>>, Instant, Instant)>,
+    /// Whether the first message (the job that started the batch) completed.
+    first_done: bool,
 }
 
 impl P2pFeed for QueueFeed<'_> {
     fn fetch(&mut self, into: &mut Vec<P2p>) {
-        if let Some((msg, done, issued)) = self.first.take() {
-            self.msgs.push(msg);
-            into.push(msg);
-            self.dones.push(done);
-            self.times.push((issued, Instant::now()));
+        let mut take = |job: Job| {
+            if let JobOp::P2p { msg } = job.op {
+                into.push(msg);
+                self.jobs.push((msg, job.done, job.issued, Instant::now()));
+            }
+        };
+        if let Some(job) = self.first.take() {
+            take(job);
         }
         let mut q = self.shared.queue();
         while matches!(q.jobs.front(), Some(Job { op: JobOp::P2p { .. }, .. })) {
-            if let Some(Job { op: JobOp::P2p { msg, done }, issued }) = q.jobs.pop_front() {
-                self.msgs.push(msg);
-                into.push(msg);
-                self.dones.push(done);
-                self.times.push((issued, Instant::now()));
+            if let Some(job) = q.jobs.pop_front() {
+                take(job);
             }
         }
     }
 
     fn complete(&mut self, index: usize) {
-        let (issued, started) = self.times[index];
-        let m = self.msgs[index];
+        let (m, done, issued, started) = &self.jobs[index];
         let name = || {
             let (verb, dir) = if m.send { ("send", "to") } else { ("recv", "from") };
             format!("{verb} {dir} {} (tag {}, {} x {})", m.peer, m.tag, m.dtype, m.len / m.dtype.size())
         };
         // Recorded before the waiter wakes, so that its next look at the timeline sees it.
-        self.shared.record(name, m.len, issued, started);
-        self.dones[index].finish(Ok(()));
+        self.shared.record(name, m.len, *issued, *started);
+        if let Some(d) = done {
+            d.finish(Ok(()));
+        }
+        self.first_done |= index == 0;
     }
 }
 
 impl QueueFeed<'_> {
     /// Fails every message of the batch that has not completed.
     fn fail_pending(&self, e: &Error) {
-        for d in self.first.iter().map(|f| &f.1).chain(&self.dones) {
+        for d in self
+            .first
+            .iter()
+            .filter_map(|j| j.done.as_ref())
+            .chain(self.jobs.iter().filter_map(|j| j.1.as_ref()))
+        {
             d.finish_if_pending(Err(e.clone()));
         }
     }
@@ -318,29 +328,30 @@ impl Drop for QueueFeed<'_> {
     }
 }
 
-/// Runs one job taken from the queue (a point-to-point job starts a batch).
-fn run(shared: &Shared, engine: &mut Engine, job: Job) {
-    let Job { op, issued } = job;
+/// Runs one job taken from the queue (a point-to-point job starts a batch); returns its
+/// outcome, and hands it to its completion if it has one.
+fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
     let started = Instant::now();
-    match op {
-        JobOp::Coll { desc, program, bufs, results, done } => {
-            let result = engine.collective(&desc, &program, &bufs, &results);
-            shared.record(|| desc.to_string(), bufs.input_len, issued, started);
-            done.finish(result);
+    match &job.op {
+        JobOp::Coll { plan, seq, bufs } => {
+            let result = engine.collective(plan, *seq, bufs);
+            shared.record(|| plan.desc.with_seq(*seq).to_string(), bufs.input_len, job.issued, started);
+            job.finish(&result);
+            result
         }
-        JobOp::Marker { done } => {
-            done.finish(engine.dead().map_or(Ok(()), |e| Err(Error::Aborted(Box::new(e.clone())))));
+        JobOp::Marker => {
+            let result = engine.dead().map_or(Ok(()), |e| Err(Error::Aborted(Box::new(e.clone()))));
+            job.finish(&result);
+            result
         }
-        JobOp::P2p { msg, done } => {
-            let mut feed = QueueFeed {
-                shared,
-                first: Some((msg, done, issued)),
-                dones: Vec::new(),
-                msgs: Vec::new(),
-                times: Vec::new(),
-            };
-            if let Err(e) = engine.p2p(&mut feed) {
-                feed.fail_pending(&e);
+        JobOp::P2p { .. } => {
+            let mut feed = QueueFeed { shared, first: Some(job), jobs: Vec::new(), first_done: false };
+            match engine.p2p(&mut feed) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    feed.fail_pending(&e);
+                    if feed.first_done { Ok(()) } else { Err(e) }
+                }
             }
         }
     }

@@ -163,7 +163,7 @@ impl FromStr for Algorithm {
 }
 
 /// The data layout of one collective call, as its schedule needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {
     /// One count: the buffer of all-reduce/broadcast/reduce, the per-rank block of
     /// scatter/gather/reduce-scatter/all-gather/all-to-all (0 for barrier).

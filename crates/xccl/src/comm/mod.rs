@@ -14,11 +14,11 @@ use crate::bootstrap::{Auth, Rendezvous, StoreClient, StoreServer};
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, Engine, P2p, Tuning};
+use crate::exec::{Bufs, Engine, P2p, Plan, Tuning};
 use crate::frame::{CollKind, OpDesc};
 use crate::reduce::ReduceOp;
 use crate::schedule::Region;
-use crate::stream::{Job, JobOp, Stream};
+use crate::stream::{JobOp, Stream};
 use crate::transport::local::{self, LocalMesh};
 use crate::transport::shm::{self, ShmSegment};
 use crate::transport::{Links, Memory, spin_for};
@@ -109,7 +109,24 @@ struct Inner {
     group: Group,
     config: Config,
     fabric: Fabric,
+    /// Plans of the collectives called so far, so that a repeated call builds nothing.
+    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
 }
+
+/// Everything a plan depends on (besides the communicator).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PlanKey {
+    kind: CollKind,
+    dtype: DType,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    count: u64,
+    shape: Shape,
+    elems: (usize, usize),
+}
+
+/// Plans kept per communicator before the cache starts over.
+const PLAN_CACHE: usize = 1024;
 
 /// Who a communicator is.
 struct Group {
@@ -148,10 +165,12 @@ fn hash_str(s: &str) -> u64 {
 
 impl Communicator {
     fn build(group: Group, links: Links, config: Config, fabric: Fabric) -> Result<Communicator> {
-        let tuning = Tuning { timeout: config.timeout, max_stash: config.max_unexpected };
+        let tuning =
+            Tuning { timeout: config.timeout, max_stash: config.max_unexpected, pull_min: config.pull_min };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
-        Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric }) })
+        let plans = Mutex::new(HashMap::new());
+        Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric, plans }) })
     }
 
     /// `n` communicators of one group whose ranks are threads of this process; hand one to
@@ -306,7 +325,7 @@ impl Communicator {
     /// An event that completes when every operation issued before it has completed.
     pub fn record_event(&self) -> Event {
         let done = Arc::new(Completion::default());
-        self.inner.stream.submit_unsequenced(Job::new(JobOp::Marker { done: done.clone() }));
+        self.inner.stream.submit_unsequenced(JobOp::Marker, done.clone());
         Event::new(done)
     }
 
@@ -320,69 +339,69 @@ impl Communicator {
         Ok(())
     }
 
-    /// Validates a collective's arguments and makes its schedule.
-    fn plan<T: Element>(&self, p: PlanArgs) -> Result<Plan> {
-        let algo = algo::choose(p.kind, &self.inner.config.algos);
-        let program =
-            algo::build(p.kind, algo, self.rank(), &self.inner.group.hosts, p.root.unwrap_or(0), &p.shape)?;
-        Ok(Plan {
-            desc: OpDesc {
-                kind: p.kind,
-                seq: 0,
-                dtype: T::DTYPE,
-                op: p.op,
-                count: p.count,
-                root: p.root.map(|r| r as u32),
-                algo: algo as u8,
-            },
-            program,
-            results: p.results,
-        })
+    /// The plan of a collective: from the cache, or built (algorithm, schedule, checks).
+    fn plan<T: Element>(&self, p: PlanArgs) -> Result<Arc<Plan>> {
+        let key = PlanKey {
+            kind: p.kind,
+            dtype: T::DTYPE,
+            op: p.op,
+            root: p.root,
+            count: p.count,
+            shape: p.shape,
+            elems: p.elems,
+        };
+        let mut plans = self.inner.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(plan) = plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        let algo = algo::choose(key.kind, &self.inner.config.algos);
+        let program = algo::build(
+            key.kind,
+            algo,
+            self.rank(),
+            &self.inner.group.hosts,
+            key.root.unwrap_or(0),
+            &key.shape,
+        )?;
+        let desc = OpDesc {
+            kind: key.kind,
+            seq: 0,
+            dtype: key.dtype,
+            op: key.op,
+            count: key.count,
+            root: key.root.map(|r| r as u32),
+            algo: algo as u8,
+        };
+        let plan = Arc::new(Plan::new(desc, program, self.rank(), self.size(), key.elems, p.results)?);
+        if plans.len() >= PLAN_CACHE {
+            plans.clear();
+        }
+        plans.insert(key, plan.clone());
+        Ok(plan)
     }
 
     /// Runs a collective on borrowed buffers; returns its sequence number.
-    fn block_seq(&self, plan: Result<Plan>, bufs: Bufs) -> Result<u64> {
+    fn block_seq(&self, plan: Result<Arc<Plan>>, bufs: Bufs) -> Result<u64> {
         let plan = plan?;
-        let done = Arc::new(Completion::default());
-        let d2 = done.clone();
-        let make = move |seq| {
-            Job::new(JobOp::Coll {
-                desc: OpDesc { seq, ..plan.desc },
-                program: plan.program,
-                bufs,
-                results: plan.results,
-                done: d2,
-            })
-        };
-        // `run` returns after the job completed: the buffers behind `bufs` stay borrowed
-        // until then.
-        let seq = self.inner.stream.run(make, &done);
-        done.wait_result()?;
-        Ok(seq)
+        // `run` returns after the operation completed: the buffers behind `bufs` stay
+        // borrowed until then.
+        let (seq, result) = self.inner.stream.run(|seq| JobOp::Coll { plan, seq, bufs });
+        result.map(|()| seq)
     }
 
-    fn block(&self, plan: Result<Plan>, bufs: Bufs) -> Result<()> {
+    fn block(&self, plan: Result<Arc<Plan>>, bufs: Bufs) -> Result<()> {
         self.block_seq(plan, bufs).map(|_| ())
     }
 
     /// Runs a collective on buffers owned by `keep`, which `bufs` points into.
-    fn spawn<K: Send + 'static>(&self, plan: Result<Plan>, bufs: Bufs, keep: K) -> Work<K> {
+    fn spawn<K: Send + 'static>(&self, plan: Result<Arc<Plan>>, bufs: Bufs, keep: K) -> Work<K> {
         match plan {
             Err(e) => Work::new(Completion::finished(Err(e))),
             Ok(plan) => {
                 let done = Arc::new(Completion::default());
                 // Park the buffers first: moving them does not move their heap memory.
                 done.keep(Box::new(keep));
-                let d2 = done.clone();
-                self.inner.stream.submit(move |seq| {
-                    Job::new(JobOp::Coll {
-                        desc: OpDesc { seq, ..plan.desc },
-                        program: plan.program,
-                        bufs,
-                        results: plan.results,
-                        done: d2,
-                    })
-                });
+                self.inner.stream.submit(|seq| JobOp::Coll { plan, seq, bufs }, done.clone());
                 Work::new(done)
             }
         }
@@ -401,9 +420,7 @@ impl Communicator {
 
     /// Runs one point-to-point message on borrowed memory, returning once it completed.
     fn p2p_block(&self, msg: P2p) -> Result<()> {
-        let done = Arc::new(Completion::default());
-        self.inner.stream.run_unsequenced(Job::new(JobOp::P2p { msg, done: done.clone() }), &done);
-        done.wait_result()
+        self.inner.stream.run_unsequenced(JobOp::P2p { msg })
     }
 }
 
@@ -415,14 +432,9 @@ struct PlanArgs {
     /// The count every rank agrees on (`u64::MAX` for the uneven variants).
     count: u64,
     shape: Shape,
+    /// Elements of input and output, as validated.
+    elems: (usize, usize),
     /// Regions holding this rank's final reduced values.
-    results: Vec<Region>,
-}
-
-/// A validated collective, ready to queue.
-struct Plan {
-    desc: OpDesc,
-    program: crate::schedule::Program,
     results: Vec<Region>,
 }
 

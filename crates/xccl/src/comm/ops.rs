@@ -17,7 +17,7 @@ use crate::reduce::ReduceOp;
 use crate::schedule::{Blocks, Buf, Region};
 use crate::work::{Completion, Work};
 
-type Plan = Result<super::Plan>;
+type Plan = Result<std::sync::Arc<crate::exec::Plan>>;
 
 fn whole(len: usize) -> Vec<Region> {
     vec![Region::new(Buf::Output, 0, len)]
@@ -45,6 +45,7 @@ impl Communicator {
             root: None,
             count: len as u64,
             shape: Shape::Count(len),
+            elems: (len, len),
             results: whole(len),
         };
         self.plan::<T>(args)
@@ -58,6 +59,7 @@ impl Communicator {
             root: Some(root),
             count: len as u64,
             shape: Shape::Count(len),
+            elems: (len, len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -75,6 +77,7 @@ impl Communicator {
             root: Some(root),
             count: len as u64,
             shape: Shape::Count(len),
+            elems: (len, out_len),
             results: if is_root { whole(len) } else { Vec::new() },
         };
         self.plan::<T>(args)
@@ -88,6 +91,7 @@ impl Communicator {
             root: None,
             count: block as u64,
             shape: Shape::Count(block),
+            elems: (block, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -103,6 +107,7 @@ impl Communicator {
             root: None,
             count: u64::MAX,
             shape: Shape::Gather(Blocks::from_counts(counts)),
+            elems: (in_len, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -116,6 +121,7 @@ impl Communicator {
             root: None,
             count: out_len as u64,
             shape: Shape::Count(out_len),
+            elems: (in_len, out_len),
             results: whole(out_len),
         };
         self.plan::<T>(args)
@@ -135,6 +141,7 @@ impl Communicator {
             root: None,
             count: block as u64,
             shape: Shape::Count(block),
+            elems: (in_len, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -157,6 +164,7 @@ impl Communicator {
             root: None,
             count: u64::MAX,
             shape: Shape::Exchange { send: Blocks::from_counts(send), recv: Blocks::from_counts(recv) },
+            elems: (in_len, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -173,6 +181,7 @@ impl Communicator {
             root: Some(root),
             count: out_len as u64,
             shape: Shape::Count(out_len),
+            elems: (in_len, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -189,6 +198,7 @@ impl Communicator {
             root: Some(root),
             count: in_len as u64,
             shape: Shape::Count(in_len),
+            elems: (in_len, out_len),
             results: Vec::new(),
         };
         self.plan::<T>(args)
@@ -201,6 +211,7 @@ impl Communicator {
             root: None,
             count: 0,
             shape: Shape::Count(0),
+            elems: (0, 0),
             results: Vec::new(),
         };
         self.plan::<u8>(args)
@@ -239,10 +250,7 @@ impl Communicator {
         let msg: P2p = p2p(send, peer, tag, buf.as_mut_ptr(), buf.len());
         let done = Arc::new(Completion::default());
         done.keep(Box::new(buf));
-        self.inner.stream.submit_unsequenced(crate::stream::Job::new(crate::stream::JobOp::P2p {
-            msg,
-            done: done.clone(),
-        }));
+        self.inner.stream.submit_unsequenced(crate::stream::JobOp::P2p { msg }, done.clone());
         Work::new(done)
     }
 

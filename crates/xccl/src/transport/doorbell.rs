@@ -1,18 +1,25 @@
 //! A doorbell: how a rank that waits on memory-based links sleeps and is woken.
 //!
 //! One 32-bit word per rank, usable across processes (the futex calls are not private, so
-//! the word may live in shared memory). Bit 0 says "the owner is asleep"; the rest count
-//! rings. A writer that has just published data, or a reader that has just freed space,
-//! rings the bell of the rank on the other side; the ring is a single atomic add unless
-//! the owner sleeps, and only then a `futex_wake` system call.
+//! the word may live in shared memory). Bit 0 says "the owner is going to sleep", bit 1
+//! "always ring" (the owner cannot look at its links itself); the rest count rings.
+//!
+//! A waiting rank first polls its links; before it sleeps it *arms* the bell and looks at
+//! its links once more. A writer that has just published data, or a reader that has just
+//! freed space, *notifies* the rank on the other side: after a full fence it reads the
+//! bell and rings it only if it is armed, so a rank that is busy polling costs its peers one
+//! read instead of an atomic read-modify-write. Either the writer sees the arm, or the
+//! sleeper's last look sees the data: no wake-up is lost.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
 
 use rustix::thread::futex;
 
 const ASLEEP: u32 = 1;
-const ONE_RING: u32 = 2;
+const ALWAYS: u32 = 2;
+const FLAGS: u32 = ASLEEP | ALWAYS;
+const ONE_RING: u32 = 4;
 
 /// A futex word that peers ring to wake its owner.
 #[derive(Debug, Default)]
@@ -22,18 +29,35 @@ pub(crate) struct Doorbell {
 }
 
 impl Doorbell {
-    /// The current ring count. Read it *before* checking links for progress, then pass it to
-    /// [`Doorbell::sleep`]: a ring that lands in between makes the sleep return at once.
+    /// The current ring count.
     pub fn token(&self) -> u32 {
-        self.word.load(Ordering::SeqCst) & !ASLEEP
+        self.word.load(Ordering::SeqCst) & !FLAGS
     }
 
     /// Whether the bell rang since `token` was taken.
+    #[cfg(test)]
     pub fn rang_since(&self, token: u32) -> bool {
         self.token() != token
     }
 
-    /// Wakes the owner if it sleeps.
+    /// Marks the owner as going to sleep and returns the ring count to pass to
+    /// [`Doorbell::sleep`]. The owner must look at its links once more after arming.
+    pub fn arm(&self) -> u32 {
+        self.word.fetch_or(ASLEEP, Ordering::SeqCst) & !FLAGS
+    }
+
+    /// Takes the mark back (the last look found work).
+    pub fn disarm(&self) {
+        self.word.fetch_and(!ASLEEP, Ordering::SeqCst);
+    }
+
+    /// Makes every [`Doorbell::notify`] ring, for an owner that sleeps without looking at
+    /// its links (the bridge of a rank that also waits on sockets).
+    pub fn ring_always(&self) {
+        self.word.fetch_or(ALWAYS, Ordering::SeqCst);
+    }
+
+    /// Wakes the owner, unconditionally.
     pub fn ring(&self) {
         let before = self.word.fetch_add(ONE_RING, Ordering::SeqCst);
         if before & ASLEEP != 0 {
@@ -43,20 +67,27 @@ impl Doorbell {
         }
     }
 
-    /// Sleeps until a ring after `token`, or until `timeout` passes. Spurious returns are
-    /// possible; callers re-check their links.
+    /// Wakes the owner if it is going to sleep: what writers call after publishing.
+    pub fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.word.load(Ordering::Relaxed) & FLAGS != 0 {
+            self.ring();
+        }
+    }
+
+    /// Sleeps until a ring after `token` (from [`Doorbell::arm`]), or until `timeout`
+    /// passes. Spurious returns are possible; callers look again.
     pub fn sleep(&self, token: u32, timeout: Duration) {
-        let seen = self.word.fetch_or(ASLEEP, Ordering::SeqCst);
-        if seen & !ASLEEP == token {
+        let now = self.word.load(Ordering::SeqCst);
+        if now & !FLAGS == token && now & ASLEEP != 0 {
             let ts = futex::Timespec {
                 tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
             // EAGAIN (the word changed), EINTR and ETIMEDOUT all mean: go and look again.
-            let _ = futex::wait(&self.word, futex::Flags::empty(), seen | ASLEEP, Some(&ts));
+            let _ = futex::wait(&self.word, futex::Flags::empty(), now, Some(&ts));
         }
-        // Awake again: rings need no system call until the next sleep.
-        self.word.fetch_and(!ASLEEP, Ordering::SeqCst);
+        self.disarm();
     }
 }
 
@@ -69,11 +100,22 @@ mod tests {
     #[test]
     fn ring_before_sleep_is_not_lost() {
         let bell = Doorbell::default();
-        let t = bell.token();
-        bell.ring();
+        let t = bell.arm();
+        bell.notify();
         let start = Instant::now();
         bell.sleep(t, Duration::from_secs(5));
         assert!(start.elapsed() < Duration::from_secs(1));
+        assert!(bell.rang_since(t));
+    }
+
+    #[test]
+    fn notify_costs_nothing_unless_armed() {
+        let bell = Doorbell::default();
+        let t = bell.token();
+        bell.notify();
+        assert!(!bell.rang_since(t), "an unarmed bell is only read");
+        bell.ring_always();
+        bell.notify();
         assert!(bell.rang_since(t));
     }
 
@@ -84,11 +126,12 @@ mod tests {
         let b2 = bell.clone();
         let waker = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            b2.ring();
+            b2.notify();
         });
         let start = Instant::now();
         while !bell.rang_since(t) {
-            bell.sleep(t, Duration::from_secs(10));
+            let armed = bell.arm();
+            bell.sleep(armed, Duration::from_secs(10));
         }
         assert!(start.elapsed() < Duration::from_secs(5));
         waker.join().unwrap();
@@ -98,7 +141,7 @@ mod tests {
     fn sleep_times_out() {
         let bell = Doorbell::default();
         let start = Instant::now();
-        bell.sleep(bell.token(), Duration::from_millis(20));
+        bell.sleep(bell.arm(), Duration::from_millis(20));
         assert!(start.elapsed() >= Duration::from_millis(15));
     }
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::doorbell::Doorbell;
+use super::pull::Pull;
 use super::ring::{PeerStatus, RingControl, RingHost, RingLink, RingMem, RingRx, RingTx};
 use super::{Link, Links, Memory, spin_for};
 use crate::error::{Error, Result};
@@ -94,6 +95,11 @@ impl RingHost for LocalMesh {
 
     fn status(&self, rank: usize) -> &PeerStatus {
         &self.slots[rank].status
+    }
+
+    fn pull(&self, _reader: usize, _writer: usize) -> Option<Pull> {
+        // Every rank is a thread of this process.
+        Some(Pull::Local)
     }
 }
 

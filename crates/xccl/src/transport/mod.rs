@@ -9,6 +9,7 @@
 
 pub(crate) mod doorbell;
 pub(crate) mod local;
+pub(crate) mod pull;
 pub(crate) mod ring;
 pub(crate) mod shm;
 pub(crate) mod tcp;
@@ -91,6 +92,16 @@ pub(crate) trait Link: Send {
     /// The largest payload worth putting in one frame on this link.
     fn max_frame(&self) -> usize;
 
+    /// Whether, and how, this rank can read the peer's memory directly.
+    fn pull_from_peer(&self) -> Option<pull::Pull> {
+        None
+    }
+
+    /// Whether the peer can read this rank's memory directly.
+    fn peer_pulls(&self) -> bool {
+        false
+    }
+
     /// Whether the peer has ended its side and how, or `None` while it is open. Data the
     /// peer sent before it ended stays readable. Call only at a frame boundary of the
     /// incoming stream (a socket link parses what is left to find the peer's last word).
@@ -137,7 +148,7 @@ impl Waker {
 /// How long a blocked memory-link waiter keeps polling before it sleeps, when every rank
 /// on the host can have a core of its own; with more ranks than cores it sleeps at once, so
 /// that the rank it waits for gets the core.
-const SPIN: Duration = Duration::from_micros(20);
+const SPIN: Duration = Duration::from_micros(50);
 
 /// The spin budget for `ranks` ranks sharing this host.
 pub(crate) fn spin_for(ranks: usize) -> Duration {
@@ -173,11 +184,16 @@ impl Bridge {
     fn start(host: Arc<dyn RingHost>, me: usize, event: Arc<OwnedFd>) -> io::Result<Bridge> {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (h, s) = (host.clone(), stop.clone());
+        // Peers must ring even though the executor never arms this bell.
+        host.bell(me).ring_always();
         let thread = std::thread::Builder::new().name("xccl-bridge".into()).spawn(move || {
             let bell = h.bell(me);
             let mut seen = bell.token();
             while !s.load(std::sync::atomic::Ordering::Acquire) {
-                bell.sleep(seen, LIVENESS);
+                let armed = bell.arm();
+                if armed == seen {
+                    bell.sleep(armed, LIVENESS);
+                }
                 let now = bell.token();
                 if now != seen {
                     seen = now;
@@ -281,9 +297,30 @@ impl Links {
         })
     }
 
-    /// A doorbell token to take before looking for progress (see [`Links::wait`]).
-    pub fn token(&self) -> u32 {
-        self.memory.as_ref().map_or(0, |m| m.host.bell(m.me).token())
+    /// How long to poll the links before sleeping: only memory links are worth polling
+    /// (a socket costs a system call per look).
+    pub fn spin_budget(&self) -> Duration {
+        match (&self.memory, &self.event) {
+            (Some(m), None) => m.spin,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Before sleeping: marks this rank as going to sleep (memory links only) and returns the
+    /// token for [`Links::wait`]. Look at the links once more afterwards, and
+    /// [`Links::disarm`] if that finds work.
+    pub fn arm(&self) -> u32 {
+        match (&self.memory, &self.event) {
+            (Some(m), None) => m.host.bell(m.me).arm(),
+            _ => 0,
+        }
+    }
+
+    /// Takes back [`Links::arm`].
+    pub fn disarm(&self) {
+        if let (Some(m), None) = (&self.memory, &self.event) {
+            m.host.bell(m.me).disarm();
+        }
     }
 
     /// Marks the memory peers whose processes have exited as vanished, in their shared
@@ -305,7 +342,8 @@ impl Links {
     }
 
     /// Blocks until a link in `want` may be ready, a peer ends its side, or `timeout` passes;
-    /// returns the peers newly found gone. May return early for no reason.
+    /// `token` comes from [`Links::arm`]. Returns the peers newly found gone. May return
+    /// early for no reason.
     pub fn wait(
         &mut self,
         want: &[Interest],
@@ -334,17 +372,15 @@ impl Links {
         let mut hung_up = Vec::new();
         let mut exited = Vec::new();
         if borrowed.is_empty() && self.event.is_none() {
-            // Memory links only: spin a little, then sleep on the doorbell, waking now and
-            // then to see whether the processes behind the links still exist.
+            // Memory links only: sleep on the (armed) doorbell, waking now and then to see
+            // whether the processes behind the links still exist.
             if let Some(m) = &self.memory {
                 let bell = m.host.bell(m.me);
-                let spin_until = std::time::Instant::now() + m.spin;
-                while !bell.rang_since(token) && std::time::Instant::now() < spin_until {
-                    std::hint::spin_loop();
-                }
-                if !bell.rang_since(token) && memory_wanted {
+                if memory_wanted {
                     let nap = if self.pidfds.is_empty() { timeout } else { timeout.min(LIVENESS) };
                     bell.sleep(token, nap);
+                } else {
+                    bell.disarm();
                 }
             }
             if !self.pidfds.is_empty() && self.checked.elapsed() >= LIVENESS {

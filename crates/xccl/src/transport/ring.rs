@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::doorbell::Doorbell;
+use super::pull::Pull;
 use super::{Closed, Farewell, Link, PeerAborted};
 
 #[repr(C, align(64))]
@@ -117,6 +118,8 @@ pub(crate) trait RingHost: Send + Sync {
     fn bell(&self, rank: usize) -> &Doorbell;
     /// The status of `rank`.
     fn status(&self, rank: usize) -> &PeerStatus;
+    /// Whether, and how, member `reader` can read member `writer`'s memory.
+    fn pull(&self, reader: usize, writer: usize) -> Option<Pull>;
 }
 
 /// Raw view of one ring's memory.
@@ -293,7 +296,7 @@ impl RingLink {
     fn read_or_eof(&mut self, mut f: impl FnMut(&mut RingRx) -> usize) -> io::Result<usize> {
         let n = f(&mut self.rx);
         if n > 0 {
-            self.host.bell(self.peer).ring();
+            self.host.bell(self.peer).notify();
             return Ok(n);
         }
         if let Some(how) = self.peer_gone() {
@@ -315,7 +318,7 @@ impl Link for RingLink {
         }
         let n = self.tx.write(parts);
         if n > 0 {
-            self.host.bell(self.peer).ring();
+            self.host.bell(self.peer).notify();
         }
         Ok(n)
     }
@@ -335,6 +338,14 @@ impl Link for RingLink {
     fn max_frame(&self) -> usize {
         // A quarter ring: the reader drains one frame while the writer fills the next.
         self.tx.capacity() / 4
+    }
+
+    fn pull_from_peer(&self) -> Option<Pull> {
+        self.host.pull(self.me, self.peer)
+    }
+
+    fn peer_pulls(&self) -> bool {
+        self.host.pull(self.peer, self.me).is_some()
     }
 
     fn hangup(&mut self) -> io::Result<Option<Closed>> {

@@ -12,13 +12,14 @@
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::doorbell::Doorbell;
+use super::pull::{self, Pull};
 use super::ring::{PeerStatus, RingControl, RingHost, RingLink, RingMem, RingRx, RingTx};
 use crate::error::{Error, Result};
 
@@ -35,6 +36,8 @@ struct Header {
     cap: AtomicU64,
     /// Members that have mapped the segment; the last one unlinks the file.
     attached: AtomicU32,
+    /// Members that have tested whether they can read the others' memory.
+    probed: AtomicU32,
 }
 
 /// Per-member state.
@@ -43,6 +46,9 @@ struct Header {
 struct Slot {
     bell: Doorbell,
     status: PeerStatus,
+    pid: AtomicU32,
+    /// Address of the member's `pull::PROBE`, for its peers to test reading its memory.
+    probe: AtomicU64,
 }
 
 fn round_up(x: usize, to: usize) -> usize {
@@ -55,6 +61,8 @@ struct Layout {
     m: usize,
     cap: usize,
     slots: usize,
+    /// `m x m` bytes: whether member `r` can read member `w`'s memory, at `r * m + w`.
+    pulls: usize,
     controls: usize,
     data: usize,
     len: usize,
@@ -63,9 +71,10 @@ struct Layout {
 impl Layout {
     fn new(m: usize, cap: usize) -> Layout {
         let slots = PAGE;
-        let controls = round_up(slots + m * size_of::<Slot>(), PAGE);
+        let pulls = slots + m * size_of::<Slot>();
+        let controls = round_up(pulls + m * m, PAGE);
         let data = round_up(controls + m * m * size_of::<RingControl>(), PAGE);
-        Layout { m, cap, slots, controls, data, len: data + m * m * cap }
+        Layout { m, cap, slots, pulls, controls, data, len: data + m * m * cap }
     }
 }
 
@@ -204,11 +213,45 @@ impl ShmSegment {
                 )));
             }
         }
+        let slot = seg.slot(me);
+        slot.pid.store(std::process::id(), Ordering::Relaxed);
+        slot.probe.store(&raw const pull::PROBE as u64, Ordering::Relaxed);
         if header.attached.fetch_add(1, Ordering::AcqRel) + 1 == m as u32 {
             // Everyone has it mapped: the name is no longer needed.
             let _ = rustix::fs::unlink(&cpath);
         }
+        // Once all members are here, test which of them this one can read directly.
+        seg.wait_for(&header.attached, m, timeout, &path)?;
+        for peer in (0..m).filter(|&p| p != me) {
+            let ps = seg.slot(peer);
+            let (pid, addr) = (ps.pid.load(Ordering::Relaxed) as i32, ps.probe.load(Ordering::Relaxed));
+            seg.pull_flag(me, peer).store(u8::from(pull::probe(pid, addr)), Ordering::Relaxed);
+        }
+        header.probed.fetch_add(1, Ordering::AcqRel);
+        seg.wait_for(&header.probed, m, timeout, &path)?;
         Ok(Arc::new(seg))
+    }
+
+    /// Waits until `counter` reaches `m` (every member has done something).
+    fn wait_for(&self, counter: &AtomicU32, m: usize, timeout: Duration, path: &str) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while (counter.load(Ordering::Acquire) as usize) < m {
+            if Instant::now() > deadline {
+                return Err(Error::Bootstrap(format!(
+                    "only {} of {m} ranks of this host joined shared memory {path}",
+                    counter.load(Ordering::Acquire)
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    fn pull_flag(&self, reader: usize, writer: usize) -> &AtomicU8 {
+        assert!(reader < self.layout.m && writer < self.layout.m);
+        // SAFETY: the matrix of `m * m` bytes lies inside the mapping (layout); `AtomicU8` has
+        // no alignment requirement.
+        unsafe { &*self.base.add(self.layout.pulls + reader * self.layout.m + writer).cast::<AtomicU8>() }
     }
 
     fn header(&self) -> &Header {
@@ -253,6 +296,11 @@ impl RingHost for ShmSegment {
     fn status(&self, member: usize) -> &PeerStatus {
         &self.slot(member).status
     }
+
+    fn pull(&self, reader: usize, writer: usize) -> Option<Pull> {
+        (self.pull_flag(reader, writer).load(Ordering::Acquire) == 1)
+            .then(|| Pull::Process(self.slot(writer).pid.load(Ordering::Relaxed) as i32))
+    }
 }
 
 impl Drop for ShmSegment {
@@ -268,12 +316,21 @@ mod tests {
     use super::*;
     use std::io::IoSlice;
 
+    /// Joins a 2-member segment from two threads, as two ranks would.
+    fn pair(name: &str, caps: [usize; 2], timeout: Duration) -> [Result<Arc<ShmSegment>>; 2] {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| ShmSegment::join(name, 2, 0, caps[0], timeout));
+            std::thread::sleep(Duration::from_millis(20));
+            let b = s.spawn(|| ShmSegment::join(name, 2, 1, caps[1], timeout));
+            [a.join().unwrap(), b.join().unwrap()]
+        })
+    }
+
     #[test]
     fn members_share_rings_and_the_file_is_gone_after_all_attach() {
         let name = format!("{}test-{}", segment_prefix("shm-unit"), std::process::id());
-        let a = ShmSegment::join(&name, 2, 0, 1 << 16, Duration::from_secs(5)).unwrap();
-        assert!(std::path::Path::new(&format!("{DIR}/{name}")).exists());
-        let b = ShmSegment::join(&name, 2, 1, 1 << 16, Duration::from_secs(5)).unwrap();
+        let [a, b] = pair(&name, [1 << 16; 2], Duration::from_secs(5));
+        let (a, b) = (a.unwrap(), b.unwrap());
         assert!(!std::path::Path::new(&format!("{DIR}/{name}")).exists(), "unlinked once both mapped");
         let mut tx = RingTx::new(a.ring(0, 1));
         let mut rx = RingRx::new(b.ring(0, 1));
@@ -281,15 +338,19 @@ mod tests {
         let mut got = [0u8; 9];
         assert_eq!(rx.read(&mut got), 9);
         assert_eq!(&got, b"hello shm");
+        let t = b.bell(1).token();
         a.bell(1).ring();
-        assert!(b.bell(1).rang_since(0));
+        assert!(b.bell(1).rang_since(t));
+        // Both are this process: each can read the other's memory.
+        assert_eq!(a.pull(0, 1), Some(Pull::Process(std::process::id() as i32)));
     }
 
     #[test]
     fn layout_mismatch_is_reported() {
         let name = format!("{}mismatch-{}", segment_prefix("shm-unit"), std::process::id());
-        let _a = ShmSegment::join(&name, 2, 0, 1 << 16, Duration::from_secs(5)).unwrap();
-        let err = ShmSegment::join(&name, 2, 1, 1 << 17, Duration::from_secs(1)).err().unwrap();
-        assert!(err.to_string().contains("XCCL_SHM_RING_BYTES"), "{err}");
+        let [a, b] = pair(&name, [1 << 16, 1 << 17], Duration::from_millis(500));
+        assert!(b.err().unwrap().to_string().contains("XCCL_SHM_RING_BYTES"));
+        // The creator gives up waiting for a partner that never arrives.
+        assert!(a.err().unwrap().to_string().contains("joined"));
     }
 }

@@ -1,0 +1,87 @@
+//! Pulling: a receiver copies a message straight out of the sender's memory, in one copy,
+//! instead of the sender copying it through a ring. Ranks that are threads of one process
+//! copy directly; processes of one host use cross-memory attach (`process_vm_readv`) where
+//! the kernel allows it (same user, no restrictive ptrace policy), which is probed when the
+//! shared-memory segment is set up.
+
+use std::io;
+
+/// Where a receiver can read a sender's memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Pull {
+    /// The sender is a thread of this process.
+    Local,
+    /// The sender is process `pid`, readable by cross-memory attach.
+    Process(i32),
+}
+
+/// A word whose address ranks publish so that peers can test whether they can read them.
+pub(crate) static PROBE: u64 = u64::from_le_bytes(*b"XCCLPULL");
+
+/// Copies `dst.len()` bytes at address `addr` of `from` into `dst`.
+///
+/// # Safety
+/// For [`Pull::Local`], `addr..addr + dst.len()` must be memory of this process that stays
+/// valid and unwritten for the duration of the call (the pull protocol: a sender leaves a
+/// segment alone until the receiver has acknowledged it).
+pub(crate) unsafe fn copy(from: Pull, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+    match from {
+        Pull::Local => {
+            // SAFETY: forwarded to the caller; the ranges cannot overlap since `dst` is a
+            // unique borrow.
+            unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+        Pull::Process(pid) => {
+            let mut done = 0;
+            while done < dst.len() {
+                let local =
+                    libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
+                let remote = libc::iovec {
+                    iov_base: (addr as usize + done) as *mut libc::c_void,
+                    iov_len: dst.len() - done,
+                };
+                // SAFETY: `local` describes writable memory we own (the rest of `dst`); the
+                // kernel validates `remote` against the other process's address space and
+                // fails (EFAULT) rather than reading outside it.
+                let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if n == 0 {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer memory ended"));
+                }
+                done += n as usize;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether this process can read process `pid`'s memory: reads its [`PROBE`] at `addr`.
+pub(crate) fn probe(pid: i32, addr: u64) -> bool {
+    let mut word = [0u8; 8];
+    // SAFETY: a `Process` pull never touches our memory beyond `word`.
+    unsafe { copy(Pull::Process(pid), addr, &mut word) }.is_ok() && u64::from_le_bytes(word) == PROBE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_and_own_process_pulls_copy_exactly() {
+        let src: Vec<u8> = (0..=255).collect();
+        let mut dst = vec![0u8; 256];
+        // SAFETY: `src` is alive and not written during the copy.
+        unsafe { copy(Pull::Local, src.as_ptr() as u64, &mut dst) }.unwrap();
+        assert_eq!(src, dst);
+        let mut dst2 = vec![0u8; 100];
+        let me = std::process::id() as i32;
+        // SAFETY: a process pull writes only `dst2`.
+        unsafe { copy(Pull::Process(me), src[50..].as_ptr() as u64, &mut dst2) }.unwrap();
+        assert_eq!(&dst2[..], &src[50..150]);
+        assert!(probe(me, &raw const PROBE as u64));
+        assert!(!probe(me, src.as_ptr() as u64));
+    }
+}
