@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use xccl::{Communicator, DType, Element, ReduceOp, bf16, f16, reference_reduce};
+use xccl::algo::Algorithm;
+use xccl::bootstrap::Rendezvous;
+use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
 
 /// The collective to measure.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +93,21 @@ impl Coll {
     fn rooted(self) -> bool {
         matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Scatter | Coll::Gather)
     }
+
+    /// The library's collective, if this is one.
+    fn kind(self) -> Option<CollKind> {
+        Some(match self {
+            Coll::AllReduce => CollKind::AllReduce,
+            Coll::AllGather => CollKind::AllGather,
+            Coll::ReduceScatter => CollKind::ReduceScatter,
+            Coll::Broadcast => CollKind::Broadcast,
+            Coll::Reduce => CollKind::Reduce,
+            Coll::AllToAll => CollKind::AllToAll,
+            Coll::Scatter => CollKind::Scatter,
+            Coll::Gather => CollKind::Gather,
+            Coll::SendRecv => return None,
+        })
+    }
 }
 
 /// Arguments of `xccl bench`.
@@ -139,6 +156,9 @@ pub struct BenchArgs {
     /// checked on the first run only, since every run changes the data.
     #[arg(long)]
     pub inplace: bool,
+    /// Run this algorithm instead of the tuner's pick (`xccl verify` lists the names).
+    #[arg(long)]
+    pub algo: Option<Algorithm>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -152,9 +172,17 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
             "--inplace applies to all_reduce (broadcast is always in place)".into(),
         ));
     }
+    let mut config = Config::from_env()?;
+    if let Some(algo) = args.algo {
+        let kind = args
+            .coll
+            .kind()
+            .ok_or_else(|| xccl::Error::Config("--algo does not apply to sendrecv".into()))?;
+        config.algos.set(kind, algo)?;
+    }
     match args.local {
         Some(n) => {
-            let comms = Communicator::local(n)?;
+            let comms = Communicator::local_with(n, config)?;
             std::thread::scope(|s| {
                 let hs: Vec<_> =
                     comms.iter().map(|c| s.spawn(move || bench_rank(c, args, "local"))).collect();
@@ -164,7 +192,11 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
             })?;
             Ok(())
         }
-        None => bench_rank(&Communicator::from_env()?, args, "tcp"),
+        None => {
+            let comm = Communicator::connect(&Rendezvous::from_env()?, config.clone())?;
+            let transport = if config.shm { "shm+tcp" } else { "tcp" };
+            bench_rank(&comm, args, transport)
+        }
     }
 }
 
@@ -205,6 +237,8 @@ pub(crate) struct Case<T> {
     expected: Vec<T>,
     /// Elements as nccl-tests counts them.
     pub count: usize,
+    /// The count each rank passes to the call (what plans and algorithms are chosen by).
+    per_rank: usize,
     /// The result lands in `input` (in-place all-reduce).
     inplace: bool,
 }
@@ -231,6 +265,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; if is_out && !inplace { elems } else { 0 }],
                 expected: if is_out { (0..elems).map(|i| table[i % 35]).collect() } else { Vec::new() },
                 count: elems,
+                per_rank: elems,
                 inplace,
             }
         }
@@ -239,6 +274,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: (0..elems).map(|i| if r == root { val(op, root, i) } else { filler }).collect(),
             expected: (0..elems).map(|i| val(op, root, i)).collect(),
             count: elems,
+            per_rank: elems,
             inplace: false,
         },
         Coll::AllGather | Coll::Gather => {
@@ -252,6 +288,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                     Vec::new()
                 },
                 count: block * n,
+                per_rank: block,
                 inplace: false,
             }
         }
@@ -262,6 +299,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; block],
                 expected: (0..block).map(|j| table[(r * block + j) % 35]).collect(),
                 count: block * n,
+                per_rank: block,
                 inplace: false,
             }
         }
@@ -270,6 +308,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: vec![filler; block * n],
             expected: (0..block * n).map(|k| code(k / block, r, k % block)).collect(),
             count: block * n,
+            per_rank: block,
             inplace: false,
         },
         Coll::Scatter => Case {
@@ -277,6 +316,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: vec![filler; block],
             expected: (0..block).map(|j| val(op, root, r * block + j)).collect(),
             count: block * n,
+            per_rank: block,
             inplace: false,
         },
         Coll::SendRecv => {
@@ -286,6 +326,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; elems],
                 expected: (0..elems).map(|i| val(op, prev, i)).collect(),
                 count: elems,
+                per_rank: elems,
                 inplace: false,
             }
         }
@@ -346,7 +387,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
     say(format!("# op={}  busbw factor={:.4}", args.coll.name(), args.coll.busbw_factor(n)));
     let root_col = if args.peer_format { String::new() } else { format!(" {:>5}", "root") };
     say(format!(
-        "# {:>12} {:>12} {:>6} {:>5}{root_col} {:>12} {:>11} {:>11} {:>6} {:>12} {:>6}",
+        "# {:>12} {:>12} {:>6} {:>5}{root_col} {:>12} {:>11} {:>11} {:>6} {:>12} {:>6}  algo",
         "size(B)",
         "count",
         "type",
@@ -397,9 +438,13 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         rows += 1;
         wrong_total += sums[1] as usize;
         let root = if args.coll.rooted() { args.root.to_string() } else { "-1".into() };
+        let algo = match args.coll.kind() {
+            Some(kind) => c.algorithm_for(kind, k.per_rank, args.dtype, args.root)?.algo.name(),
+            None => "p2p",
+        };
         let root_col = if args.peer_format { String::new() } else { format!(" {root:>5}") };
         say(format!(
-            "  {real:>12} {:>12} {:>6} {redop:>5}{root_col} {:>12.2} {algbw:>11.3} {busbw:>11.3} {:>6} {:>12.2} {iters:>6}",
+            "  {real:>12} {:>12} {:>6} {redop:>5}{root_col} {:>12.2} {algbw:>11.3} {busbw:>11.3} {:>6} {:>12.2} {iters:>6}  {algo}",
             k.count,
             args.dtype.name(),
             tavg * 1e6,

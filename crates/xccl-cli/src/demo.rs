@@ -94,6 +94,7 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             local: None,
             peer_format: false,
             inplace: false,
+            algo: None,
         };
         let mut k = bench::case::<f32>(&c, &args, bytes);
         bench::run_once(&c, &args, &mut k)?;

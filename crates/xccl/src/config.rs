@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::algo::AlgoOverrides;
+use crate::algo::tune::CostModel;
 use crate::error::{Error, Result};
 
 /// How a communicator behaves. [`Config::from_env`] reads:
@@ -10,7 +11,8 @@ use crate::error::{Error, Result};
 /// | variable | meaning | default |
 /// |---|---|---|
 /// | `XCCL_TIMEOUT` | seconds an operation may wait without progress | 300 |
-/// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none |
+/// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none (the tuner picks) |
+/// | `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` | the tuner's constants per link class: `alpha_us,beta_gbps,gamma_gbps,delta_gbps` | measured on the reference machine |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
 /// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory (`off`: never) | 64 KiB |
@@ -22,6 +24,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Algorithm overrides per collective.
     pub algos: AlgoOverrides,
+    /// The tuner's cost constants (they must be the same on every rank).
+    pub costs: CostModel,
     /// Largest frame payload on socket links, in bytes.
     pub tcp_segment: usize,
     /// Most bytes of point-to-point messages kept before a matching receive is posted.
@@ -51,6 +55,7 @@ impl Default for Config {
         Config {
             timeout: Duration::from_secs(300),
             algos: AlgoOverrides::default(),
+            costs: CostModel::default(),
             tcp_segment: 1 << 20,
             max_unexpected: 256 << 20,
             shm: true,
@@ -79,6 +84,7 @@ impl Config {
         if let Some(v) = lookup("XCCL_ALGO") {
             c.algos = AlgoOverrides::parse(&v)?;
         }
+        c.costs = CostModel::from_lookup(&lookup)?;
         if let Some(v) = lookup("XCCL_SEGMENT_BYTES") {
             c.tcp_segment = parse_bytes("XCCL_SEGMENT_BYTES", &v, 4 << 10, crate::frame::MAX_PAYLOAD)?;
         }

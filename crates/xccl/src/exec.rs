@@ -544,7 +544,16 @@ impl Engine {
     }
 
     /// Fails if the communicator is dead, or if a peer is known to have failed: no new
-    /// operation starts after that.
+    /// operation starts after that. A peer's failure found here aborts this rank too, so its
+    /// other peers hear who failed first rather than a clean goodbye.
+    fn ensure_alive(&mut self, op: impl Fn() -> String) -> Result<()> {
+        let res = self.check_alive(op);
+        if let Err(e) = &res {
+            self.abort(e);
+        }
+        res
+    }
+
     fn check_alive(&self, op: impl Fn() -> String) -> Result<()> {
         if let Some(e) = &self.dead {
             return Err(Error::Aborted(Box::new(e.clone())));
@@ -587,7 +596,7 @@ impl Engine {
     /// Runs collective `plan` as operation number `seq` on `bufs`.
     pub fn collective(&mut self, plan: &Plan, seq: u64, bufs: &Bufs) -> Result<()> {
         let desc = plan.desc.with_seq(seq);
-        self.check_alive(|| desc.to_string())?;
+        self.ensure_alive(|| desc.to_string())?;
         if bufs.input_len < plan.input_len || bufs.output_len < plan.output_len {
             return Err(Error::Internal(format!("{desc}: buffers smaller than the plan's")));
         }
@@ -657,7 +666,7 @@ impl Engine {
     /// Runs point-to-point messages from `feed` concurrently, taking in those issued
     /// meanwhile, until every message taken has completed and none is waiting.
     pub fn p2p(&mut self, feed: &mut dyn P2pFeed) -> Result<()> {
-        self.check_alive(|| "send/recv".to_string())?;
+        self.ensure_alive(|| "send/recv".to_string())?;
         let tasks = Vec::new();
         let res = self.run_step(Ctx::P2p, tasks, Some(feed)).map_err(|e| self.explain(e));
         if let Err(e) = &res {

@@ -1,8 +1,8 @@
 //! Algorithms: pure functions from `(rank, nranks, shape, root)` to a [`Program`].
 //!
 //! Each algorithm lives in its own module. [`build`] maps a collective and an algorithm to
-//! its schedule; [`choose`] picks the default algorithm for a collective, which the
-//! environment can override (`XCCL_ALGO=allreduce:reduce_broadcast,broadcast:binomial`).
+//! its schedule; [`tune`] predicts every candidate's time from its schedule and picks the
+//! fastest, unless the environment names one (`XCCL_ALGO=allreduce:ring,broadcast:chain`).
 //! All ranks must run the same algorithm; the choice travels in every frame header, so a
 //! rank configured differently gets a mismatch error rather than a deadlock.
 
@@ -21,6 +21,7 @@ mod reduce_broadcast;
 mod ring;
 mod scatter_allgather;
 mod tree;
+pub mod tune;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -208,6 +209,11 @@ impl AlgoOverrides {
         Ok(AlgoOverrides(map))
     }
 
+    /// The algorithm set for `kind`, if any.
+    pub fn get(&self, kind: CollKind) -> Option<Algorithm> {
+        self.0.get(&kind).copied()
+    }
+
     /// Sets the algorithm for one collective.
     pub fn set(&mut self, kind: CollKind, algo: Algorithm) -> Result<()> {
         if !Algorithm::for_collective(kind).contains(&algo) {
@@ -229,11 +235,6 @@ const ALL_COLLECTIVES: [CollKind; 9] = [
     CollKind::AllToAll,
     CollKind::Barrier,
 ];
-
-/// The algorithm that runs `kind`: the override if any, else the default.
-pub fn choose(kind: CollKind, overrides: &AlgoOverrides) -> Algorithm {
-    overrides.0.get(&kind).copied().unwrap_or_else(|| Algorithm::for_collective(kind)[0])
-}
 
 /// The schedule of collective `kind` by `algo` for `rank`; `hosts[r]` names the host of
 /// rank `r` (its length is the number of ranks).
@@ -303,8 +304,8 @@ mod tests {
     #[test]
     fn overrides_parse_and_reject_nonsense() {
         let o = AlgoOverrides::parse("allreduce:reduce_broadcast, all_gather:ring").unwrap();
-        assert_eq!(choose(CollKind::AllReduce, &o), Algorithm::ReduceBroadcast);
-        assert_eq!(choose(CollKind::Broadcast, &o), Algorithm::Binomial);
+        assert_eq!(o.get(CollKind::AllReduce), Some(Algorithm::ReduceBroadcast));
+        assert_eq!(o.get(CollKind::Broadcast), None);
         assert!(AlgoOverrides::parse("allreduce").is_err());
         assert!(AlgoOverrides::parse("allreduce:bogus").is_err());
         assert!(AlgoOverrides::parse("broadcast:ring").unwrap_err().to_string().contains("no 'ring'"));

@@ -7,7 +7,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::algo::{self, Shape};
+use crate::algo::tune::{self, Choice, LinkClass, Topology};
+use crate::algo::{self, Algorithm, Shape};
 use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
 use crate::bootstrap::{Auth, Rendezvous, StoreClient, StoreServer};
@@ -339,6 +340,52 @@ impl Communicator {
         Ok(())
     }
 
+    /// The algorithm for a collective: the one `XCCL_ALGO` names, else the tuner's pick.
+    fn choose<T: Element>(&self, key: &PlanKey) -> Result<Algorithm> {
+        let n = self.size();
+        if let Some(algo) = self.inner.config.algos.get(key.kind) {
+            if !algo.supports(key.kind, n, &key.shape) {
+                return Err(Error::Config(format!(
+                    "XCCL_ALGO asks for {algo}, which cannot run {} on {n} ranks with this layout",
+                    key.kind
+                )));
+            }
+            return Ok(algo);
+        }
+        let choice = tune::rank(
+            &self.inner.config.costs,
+            &self.topology(),
+            key.kind,
+            key.root.unwrap_or(0),
+            &key.shape,
+            T::DTYPE.size(),
+        )?;
+        tracing::info!(rank = self.rank(), "{} of {:?} ({}): {choice}", key.kind, key.shape, T::DTYPE);
+        Ok(choice.algo)
+    }
+
+    /// The ranks' hosts and the links between them, as the tuner sees them.
+    pub fn topology(&self) -> Topology {
+        let hosts = self.inner.group.hosts.clone();
+        match &self.inner.fabric {
+            Fabric::Local => Topology { hosts, intra: LinkClass::Local, inter: LinkClass::Local },
+            Fabric::Tcp(_) => {
+                let intra = if self.inner.config.shm { LinkClass::Shm } else { LinkClass::Tcp };
+                Topology { hosts, intra, inter: LinkClass::Tcp }
+            }
+        }
+    }
+
+    /// The algorithm a collective of `kind` on `count` elements of `dtype` (per rank, as the
+    /// call takes them) would run with, and why: the tuner's ranking, or the override.
+    pub fn algorithm_for(&self, kind: CollKind, count: usize, dtype: DType, root: usize) -> Result<Choice> {
+        let shape = Shape::Count(count);
+        if let Some(algo) = self.inner.config.algos.get(kind) {
+            return Ok(Choice { algo, ranking: vec![(algo, f64::NAN)] });
+        }
+        tune::rank(&self.inner.config.costs, &self.topology(), kind, root, &shape, dtype.size())
+    }
+
     /// The plan of a collective: from the cache, or built (algorithm, schedule, checks).
     fn plan<T: Element>(&self, p: PlanArgs) -> Result<Arc<Plan>> {
         let key = PlanKey {
@@ -354,7 +401,7 @@ impl Communicator {
         if let Some(plan) = plans.get(&key) {
             return Ok(plan.clone());
         }
-        let algo = algo::choose(key.kind, &self.inner.config.algos);
+        let algo = self.choose::<T>(&key)?;
         let program = algo::build(
             key.kind,
             algo,

@@ -1,0 +1,353 @@
+//! The tuner: picks the algorithm with the least predicted time.
+//!
+//! Predictions come from the schedules themselves. For a candidate algorithm the tuner
+//! builds every rank's program and walks the steps: a rank's time in a step is
+//! `α` per message it sends, plus `β` per byte (the larger of what it sends and what it
+//! receives, links being full duplex), plus `γ` per byte it reduces and `δ` per byte it copies
+//! locally, with `α` and `β` those of the link class between the two ranks (same process,
+//! shared memory, TCP). Bytes between hosts are charged to the hosts, not the ranks: a host's
+//! ranks share its one link. A step takes as long as its slowest rank or busiest host, since
+//! ranks meet at every step, plus, where ranks forward what they receive within the step
+//! (trees, chains), one segment's hop for every level of forwarding; the program takes the
+//! sum of its steps. A single-step pipelined tree comes out
+//! right too: its root pays for every child it feeds.
+//!
+//! Everything the prediction uses (the collective, its size, the ranks and which of them
+//! share a host, the constants) is the same on every rank, never a rank-local timing, so all
+//! ranks choose alike. The constants default to values measured on the project's reference
+//! machine (docs/PERFORMANCE.md) and can be overridden per class by `XCCL_TUNE_<CLASS>` as
+//! `alpha_us,beta_gbps,gamma_gbps,delta_gbps` (for example `XCCL_TUNE_SHM=1.5,6,8,12`).
+
+use std::fmt;
+
+use super::{Algorithm, Shape, build};
+use crate::error::{Error, Result};
+use crate::frame::CollKind;
+use crate::schedule::Op;
+
+/// Kinds of link between two ranks.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LinkClass {
+    /// Threads of one process.
+    Local,
+    /// Processes of one host, through shared memory.
+    Shm,
+    /// TCP (between hosts, or on one host with shared memory off).
+    Tcp,
+}
+
+/// The cost constants of one link class.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Seconds per byte moved.
+    pub beta: f64,
+    /// Seconds per byte reduced.
+    pub gamma: f64,
+    /// Seconds per byte copied locally.
+    pub delta: f64,
+}
+
+/// Bytes a forwarding rank waits for before passing a message on (the executor's segment).
+const HOP_BYTES: f64 = (1 << 20) as f64;
+
+impl LinkCost {
+    /// Constants from a latency in µs and rates in GB/s.
+    pub fn new(alpha_us: f64, move_gbps: f64, reduce_gbps: f64, copy_gbps: f64) -> LinkCost {
+        LinkCost {
+            alpha: alpha_us * 1e-6,
+            beta: 1e-9 / move_gbps,
+            gamma: 1e-9 / reduce_gbps,
+            delta: 1e-9 / copy_gbps,
+        }
+    }
+
+    fn parse(name: &str, v: &str) -> Result<LinkCost> {
+        let nums: Vec<f64> =
+            v.split(',').map(|x| x.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().map_err(
+                |_| Error::Config(format!("{name}='{v}' is not alpha_us,beta_gbps,gamma_gbps,delta_gbps")),
+            )?;
+        match nums[..] {
+            [a, b, g, d] if nums.iter().all(|x| x.is_finite() && *x > 0.0) => Ok(LinkCost::new(a, b, g, d)),
+            _ => Err(Error::Config(format!(
+                "{name}='{v}' needs four positive numbers: alpha_us,beta_gbps,gamma_gbps,delta_gbps"
+            ))),
+        }
+    }
+}
+
+/// The constants of every link class.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct CostModel {
+    /// Threads of one process.
+    pub local: LinkCost,
+    /// Shared memory.
+    pub shm: LinkCost,
+    /// TCP.
+    pub tcp: LinkCost,
+}
+
+impl Default for CostModel {
+    /// Constants calibrated on the reference machine (2 vCPU Zen 3 guest, loopback TCP); see
+    /// docs/PERFORMANCE.md.
+    fn default() -> Self {
+        CostModel {
+            local: LinkCost::new(1.5, 6.0, 7.0, 10.0),
+            shm: LinkCost::new(1.5, 6.0, 7.0, 10.0),
+            tcp: LinkCost::new(25.0, 1.6, 7.0, 10.0),
+        }
+    }
+}
+
+impl CostModel {
+    /// Defaults overridden by `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<CostModel> {
+        let mut m = CostModel::default();
+        for (name, slot) in
+            [("XCCL_TUNE_LOCAL", &mut m.local), ("XCCL_TUNE_SHM", &mut m.shm), ("XCCL_TUNE_TCP", &mut m.tcp)]
+        {
+            if let Some(v) = lookup(name) {
+                *slot = LinkCost::parse(name, &v)?;
+            }
+        }
+        Ok(m)
+    }
+
+    fn of(&self, class: LinkClass) -> &LinkCost {
+        match class {
+            LinkClass::Local => &self.local,
+            LinkClass::Shm => &self.shm,
+            LinkClass::Tcp => &self.tcp,
+        }
+    }
+}
+
+/// What the tuner knows about a communicator: which rank is on which host and how ranks
+/// are linked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// Host index of each rank.
+    pub hosts: Vec<usize>,
+    /// The class of links between ranks of one host.
+    pub intra: LinkClass,
+    /// The class of links between hosts.
+    pub inter: LinkClass,
+}
+
+impl Topology {
+    fn class(&self, a: usize, b: usize) -> LinkClass {
+        if self.hosts[a] == self.hosts[b] { self.intra } else { self.inter }
+    }
+}
+
+/// The predicted time of `algo` running `kind` with this layout, in seconds.
+pub fn predict(
+    model: &CostModel,
+    topo: &Topology,
+    kind: CollKind,
+    algo: Algorithm,
+    root: usize,
+    shape: &Shape,
+    esize: usize,
+) -> Result<f64> {
+    let n = topo.hosts.len();
+    let programs =
+        (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
+    let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
+    let inter = model.of(topo.inter);
+    let nhosts = topo.hosts.iter().max().map_or(0, |h| h + 1);
+    let mut total = 0.0;
+    for s in 0..steps {
+        let mut slowest = 0.0f64;
+        // Bytes each host sends to and receives from other hosts: they share its one link.
+        let mut host_out = vec![0.0f64; nhosts];
+        let mut host_in = vec![0.0f64; nhosts];
+        for (r, p) in programs.iter().enumerate() {
+            let Some(step) = p.steps.get(s) else { continue };
+            let (mut msgs, mut out, mut inn, mut work) = (0.0, 0.0, 0.0, 0.0);
+            for op in &step.ops {
+                match *op {
+                    Op::Send { peer, src } => {
+                        let bytes = (src.len * esize) as f64;
+                        let c = model.of(topo.class(r, peer));
+                        msgs += c.alpha;
+                        if topo.hosts[r] == topo.hosts[peer] {
+                            out += bytes * c.beta;
+                        } else {
+                            host_out[topo.hosts[r]] += bytes;
+                        }
+                    }
+                    Op::Recv { peer, dst, with } => {
+                        let bytes = (dst.len * esize) as f64;
+                        if topo.hosts[r] == topo.hosts[peer] {
+                            inn += bytes * model.of(topo.class(r, peer)).beta;
+                        } else {
+                            host_in[topo.hosts[r]] += bytes;
+                        }
+                        if with.is_some() {
+                            work += bytes * model.of(topo.intra).gamma;
+                        }
+                    }
+                    Op::Copy { dst, .. } => work += (dst.len * esize) as f64 * model.of(topo.intra).delta,
+                }
+            }
+            slowest = slowest.max(msgs + f64::max(out, inn) + work);
+        }
+        let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
+        total += slowest.max(busiest_host * inter.beta) + forwarding(model, topo, &programs, s, esize);
+    }
+    Ok(total)
+}
+
+/// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
+/// they receive, times one segment's hop.
+fn forwarding(
+    model: &CostModel,
+    topo: &Topology,
+    programs: &[crate::schedule::Program],
+    s: usize,
+    esize: usize,
+) -> f64 {
+    let n = programs.len();
+    // For each rank, the peers whose messages it forwards and the cost of one hop to it.
+    let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
+    for (r, p) in programs.iter().enumerate() {
+        let Some(step) = p.steps.get(s) else { continue };
+        for (i, op) in step.ops.iter().enumerate() {
+            let Op::Recv { peer, dst, .. } = *op else { continue };
+            let forwards = step.ops[i + 1..].iter().any(|o| matches!(o, Op::Send { src, .. } if src.buf == dst.buf && src.off < dst.end() && dst.off < src.end()));
+            if forwards {
+                let c = model.of(topo.class(r, peer));
+                feeds[r].push((peer, c.alpha + f64::min((dst.len * esize) as f64, HOP_BYTES) * c.beta));
+            }
+        }
+    }
+    // Longest path by relaxation: chains are at most n long.
+    let mut depth = vec![0.0f64; n];
+    for _ in 0..n {
+        let mut changed = false;
+        for r in 0..n {
+            let d = feeds[r].iter().map(|&(p, hop)| depth[p] + hop).fold(0.0, f64::max);
+            if d > depth[r] + 1e-15 {
+                depth[r] = d;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    depth.into_iter().fold(0.0, f64::max)
+}
+
+/// A choice and what it was chosen over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The chosen algorithm.
+    pub algo: Algorithm,
+    /// Every applicable candidate with its predicted time (seconds), fastest first.
+    pub ranking: Vec<(Algorithm, f64)>,
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.ranking.iter().map(|(a, t)| format!("{a} {:.1} µs", t * 1e6)).collect();
+        write!(f, "{} (predicted: {})", self.algo, parts.join(", "))
+    }
+}
+
+/// Ranks every algorithm that can run `kind` here by predicted time.
+pub fn rank(
+    model: &CostModel,
+    topo: &Topology,
+    kind: CollKind,
+    root: usize,
+    shape: &Shape,
+    esize: usize,
+) -> Result<Choice> {
+    let n = topo.hosts.len();
+    let mut ranking = Vec::new();
+    for &algo in Algorithm::for_collective(kind) {
+        if algo.supports(kind, n, shape) {
+            ranking.push((algo, predict(model, topo, kind, algo, root, shape, esize)?));
+        }
+    }
+    // Stable: on equal predictions the listed order (the simpler algorithm first) wins.
+    ranking.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let algo = ranking
+        .first()
+        .map(|(a, _)| *a)
+        .ok_or_else(|| Error::Internal(format!("no algorithm for {kind}")))?;
+    Ok(Choice { algo, ranking })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(n: usize) -> Topology {
+        Topology { hosts: vec![0; n], intra: LinkClass::Shm, inter: LinkClass::Tcp }
+    }
+
+    #[test]
+    fn small_messages_prefer_few_rounds_and_large_ones_bandwidth() {
+        let m = CostModel::default();
+        let small = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(2), 4).unwrap();
+        assert!(matches!(small.algo, Algorithm::RecursiveDoubling | Algorithm::Rabenseifner), "{small}");
+        let large = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(16 << 20), 4).unwrap();
+        assert!(
+            matches!(large.algo, Algorithm::Ring | Algorithm::Rabenseifner | Algorithm::DoubleBinaryTree),
+            "{large}"
+        );
+        assert_ne!(large.algo, Algorithm::ReduceBroadcast);
+    }
+
+    #[test]
+    fn the_ring_costs_what_the_textbook_says() {
+        // 2(n-1) messages, 2(n-1)/n of the buffer each way, (n-1)/n reduced.
+        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..CostModel::default() };
+        let (n, bytes) = (4, 4_000_000usize);
+        let t = predict(&m, &topo(n), CollKind::AllReduce, Algorithm::Ring, 0, &Shape::Count(bytes / 4), 4)
+            .unwrap();
+        let nf = n as f64;
+        let want = 2.0 * (nf - 1.0) * 10e-6
+            + 2.0 * (nf - 1.0) / nf * bytes as f64 * 1e-9
+            + (nf - 1.0) / nf * bytes as f64 * 0.5e-9;
+        assert!((t - want).abs() / want < 1e-9, "{t} vs {want}");
+    }
+
+    #[test]
+    fn hierarchy_wins_only_when_hosts_are_far_apart() {
+        let t =
+            Topology { hosts: vec![0, 0, 0, 0, 1, 1, 1, 1], intra: LinkClass::Shm, inter: LinkClass::Tcp };
+        // The ring crosses between hosts in two places only, so with a network a few times
+        // slower than shared memory it still wins; with one twenty times slower, crossing once
+        // per host (the hierarchy) pays for its slower inside phases.
+        let near =
+            rank(&CostModel::default(), &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
+        assert_ne!(near.algo, Algorithm::Hierarchical, "{near}");
+        let far = CostModel { tcp: LinkCost::new(50.0, 0.3, 7.0, 10.0), ..CostModel::default() };
+        let c = rank(&far, &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
+        assert_eq!(c.algo, Algorithm::Hierarchical, "{c}");
+    }
+
+    #[test]
+    fn forwarding_chains_pay_one_hop_per_level() {
+        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..CostModel::default() };
+        let t = |algo| predict(&m, &topo(8), CollKind::Broadcast, algo, 0, &Shape::Count(1), 4).unwrap();
+        // A one-element chain over 8 ranks: seven hops in a row; a binomial tree: three levels,
+        // but the root sends to three children.
+        assert!(t(Algorithm::Chain) > 7.0 * 10e-6, "{}", t(Algorithm::Chain));
+        assert!(t(Algorithm::Binomial) < t(Algorithm::Chain));
+    }
+
+    #[test]
+    fn constants_parse_or_say_what_is_wrong() {
+        let m = CostModel::from_lookup(|k| (k == "XCCL_TUNE_TCP").then(|| "50, 1, 5, 10".into())).unwrap();
+        assert_eq!(m.tcp, LinkCost::new(50.0, 1.0, 5.0, 10.0));
+        assert!(CostModel::from_lookup(|_| Some("1,2".into())).is_err());
+        assert!(CostModel::from_lookup(|_| Some("1,2,x,4".into())).is_err());
+        assert!(CostModel::from_lookup(|_| Some("1,-2,3,4".into())).is_err());
+    }
+}
