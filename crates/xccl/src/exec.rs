@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::dtype::DType;
@@ -37,7 +38,7 @@ pub(crate) struct Bufs {
 }
 
 /// A collective ready to run on one rank: its identity (under sequence number 0), its
-/// schedule, checked against the buffer lengths it was built for, and the regions that hold
+/// schedule, checked against the buffer lengths it was built for, and the region that holds
 /// this rank's final reduced values (finalised for `Avg`).
 #[derive(Debug)]
 pub(crate) struct Plan {
@@ -46,7 +47,10 @@ pub(crate) struct Plan {
     /// Bytes of input and output the program was checked against.
     pub input_len: usize,
     pub output_len: usize,
-    pub results: Vec<Region>,
+    pub result: Option<Region>,
+    /// The steps compiled for separate (index 0) and shared (index 1) input and output
+    /// memory, made on first use.
+    compiled: [OnceLock<std::result::Result<Vec<CompiledStep>, String>>; 2],
 }
 
 impl Plan {
@@ -57,14 +61,165 @@ impl Plan {
         rank: usize,
         nranks: usize,
         elems: (usize, usize),
-        results: Vec<Region>,
+        result: Option<Region>,
     ) -> Result<Plan> {
         program
             .check(rank, nranks, elems.0, elems.1)
             .map_err(|e| Error::Internal(format!("{desc}: bad schedule: {e}")))?;
         let esize = desc.dtype.size();
-        Ok(Plan { desc, program, input_len: elems.0 * esize, output_len: elems.1 * esize, results })
+        Ok(Plan {
+            desc,
+            program,
+            input_len: elems.0 * esize,
+            output_len: elems.1 * esize,
+            result,
+            compiled: [OnceLock::new(), OnceLock::new()],
+        })
     }
+
+    /// The compiled steps for input and output that are the same memory (`aliased`) or not.
+    fn steps(&self, aliased: bool) -> Result<&[CompiledStep]> {
+        self.compiled[usize::from(aliased)]
+            .get_or_init(|| compile(&self.program, aliased))
+            .as_deref()
+            .map_err(|e| Error::Internal(format!("{}: bad schedule: {e}", self.desc)))
+    }
+}
+
+/// Where an operation's bytes lie, for ordering operations: a byte range of one memory
+/// space. Compiled steps use one space per buffer (input and output share one when they are
+/// the same memory); point-to-point batches use the address space itself.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Extent {
+    space: usize,
+    off: usize,
+    len: usize,
+}
+
+impl Extent {
+    fn overlaps(&self, other: &Extent) -> bool {
+        self.space == other.space && self.off < other.off + other.len && other.off < self.off + self.len
+    }
+}
+
+/// The bytes an operation reads and writes.
+#[derive(Copy, Clone, Debug)]
+struct Access {
+    reads: Option<Extent>,
+    writes: Option<Extent>,
+    len: usize,
+}
+
+/// The ordering rule of a step: calls `dep(i, fine)` for every earlier operation `i` that
+/// `t` must follow, where `fine` means segment by segment (their regions are identical).
+fn dependencies(earlier: impl IntoIterator<Item = Access>, t: &Access, mut dep: impl FnMut(usize, bool)) {
+    for (i, a) in earlier.into_iter().enumerate() {
+        let pairs = [(a.writes, t.reads), (a.writes, t.writes), (a.reads, t.writes)];
+        let mut clash = false;
+        let mut identical = true;
+        for (x, y) in pairs {
+            if let (Some(x), Some(y)) = (x, y) {
+                if x.overlaps(&y) {
+                    clash = true;
+                    identical &= x == y;
+                }
+            }
+        }
+        if clash {
+            dep(i, identical && a.len == t.len);
+        }
+    }
+}
+
+/// One operation of a compiled step: what it does on which regions, and what it follows.
+#[derive(Clone, Debug)]
+struct TaskPlan {
+    act: PlannedAct,
+    region: Region,
+    msg: u32,
+    /// Earlier operations of the step to follow: (index, segment by segment?).
+    deps: Vec<(u32, bool)>,
+    has_dependents: bool,
+    /// Nothing to do (an empty copy, or one onto itself).
+    noop: bool,
+}
+
+#[derive(Copy, Clone, Debug)]
+enum PlannedAct {
+    Send { peer: usize },
+    Recv { peer: usize, with: Option<Region> },
+    Copy { src: Region },
+}
+
+/// A step with its ordering worked out once for all runs of the plan.
+#[derive(Clone, Debug)]
+struct CompiledStep {
+    tasks: Vec<TaskPlan>,
+}
+
+/// Compiles a program's steps: message labels, no-op copies and the ordering rule.
+fn compile(program: &Program, aliased: bool) -> std::result::Result<Vec<CompiledStep>, String> {
+    let extent = |r: &Region| {
+        let space = match r.buf {
+            Buf::Input => 0,
+            Buf::Output => usize::from(!aliased),
+            Buf::Scratch => 2,
+        };
+        Extent { space, off: r.off, len: r.len }
+    };
+    let mut steps = Vec::with_capacity(program.steps.len());
+    for step in &program.steps {
+        let mut msgs: Vec<(usize, u32, u32)> = Vec::new();
+        let mut count = |peer: usize, send: bool| {
+            let at = match msgs.iter().position(|m| m.0 == peer) {
+                Some(at) => at,
+                None => {
+                    msgs.push((peer, 0, 0));
+                    msgs.len() - 1
+                }
+            };
+            let slot = if send { &mut msgs[at].1 } else { &mut msgs[at].2 };
+            *slot += 1;
+            *slot - 1
+        };
+        let mut tasks: Vec<TaskPlan> = Vec::with_capacity(step.ops.len());
+        let mut accesses: Vec<Access> = Vec::with_capacity(step.ops.len());
+        for op in &step.ops {
+            let (act, region, msg, reads) = match *op {
+                Op::Send { peer, src } => (PlannedAct::Send { peer }, src, count(peer, true), Some(src)),
+                Op::Recv { peer, dst, with } => {
+                    (PlannedAct::Recv { peer, with }, dst, count(peer, false), with)
+                }
+                Op::Copy { src, dst } => (PlannedAct::Copy { src }, dst, 0, Some(src)),
+            };
+            let writes = op.writes();
+            let mut noop = false;
+            if let PlannedAct::Copy { src } = act {
+                let (a, b) = (extent(&src), extent(&region));
+                if a == b || region.len == 0 {
+                    noop = true;
+                } else if a.overlaps(&b) {
+                    return Err(format!("{op:?}: a local copy between overlapping regions"));
+                }
+            }
+            let access = Access {
+                reads: reads.map(|r| extent(&r)),
+                writes: writes.map(|w| extent(&w)),
+                len: region.len,
+            };
+            let mut deps = Vec::new();
+            if !noop {
+                dependencies(accesses.iter().copied(), &access, |i, fine| {
+                    deps.push((i as u32, fine));
+                    tasks[i].has_dependents = true;
+                });
+            }
+            tasks.push(TaskPlan { act, region, msg, deps, has_dependents: false, noop });
+            accesses.push(access);
+        }
+        steps.push(CompiledStep { tasks });
+    }
+    Ok(steps)
 }
 
 /// One point-to-point message of a batch.
@@ -96,11 +251,6 @@ struct Span {
 }
 
 impl Span {
-    fn overlaps(&self, other: &Span) -> bool {
-        let (a, b) = (self.ptr as usize, other.ptr as usize);
-        a < b + other.len && b < a + self.len
-    }
-
     /// Bytes `[from, to)` of the span, shared.
     ///
     /// # Safety
@@ -153,8 +303,8 @@ struct Task {
     complete: bool,
     /// A point-to-point receive already bound to an incoming message.
     bound: bool,
-    /// Earlier tasks this one must follow: (index, segment by segment?).
-    deps: Vec<(usize, bool)>,
+    /// Where in `StepRun::deps` the earlier tasks it must follow are listed.
+    deps: std::ops::Range<usize>,
     /// Its completion was reported to the feed.
     reported: bool,
     /// A later task of the step must wait for it.
@@ -171,25 +321,21 @@ impl Task {
             done: 0,
             complete: false,
             bound: false,
-            deps: Vec::new(),
+            deps: 0..0,
             reported: false,
             has_dependents: false,
         }
     }
 
-    fn reads(&self) -> Vec<Span> {
-        match self.act {
-            Act::Send { .. } => vec![self.span],
-            Act::Recv { with, .. } => with.into_iter().collect(),
-            Act::Copy { src } => vec![src],
-        }
-    }
-
-    fn writes(&self) -> Option<Span> {
-        match self.act {
-            Act::Send { .. } => None,
-            Act::Recv { .. } | Act::Copy { .. } => Some(self.span),
-        }
+    /// What the task reads and writes, by address.
+    fn access(&self) -> Access {
+        let at = |s: Span| Extent { space: 0, off: s.ptr as usize, len: s.len };
+        let (reads, writes) = match self.act {
+            Act::Send { .. } => (Some(self.span), None),
+            Act::Recv { with, .. } => (with, Some(self.span)),
+            Act::Copy { src } => (Some(src), Some(self.span)),
+        };
+        Access { reads: reads.map(at), writes: writes.map(at), len: self.span.len }
     }
 }
 
@@ -367,6 +513,8 @@ pub(crate) struct Engine {
     continuing: Vec<Option<Target>>,
     out: Vec<Option<OutFrame>>,
     scratch: Vec<u64>,
+    /// Step buffers kept between steps.
+    spare: StepBufs,
     stash: Vec<Stashed>,
     stash_bytes: usize,
     abort_reason: Vec<u8>,
@@ -441,6 +589,7 @@ impl Engine {
             continuing: vec![None; nranks],
             out: (0..nranks).map(|_| None).collect(),
             scratch: Vec::new(),
+            spare: StepBufs::default(),
             stash: Vec::new(),
             stash_bytes: 0,
             abort_reason: Vec::new(),
@@ -600,7 +749,7 @@ impl Engine {
         if bufs.input_len < plan.input_len || bufs.output_len < plan.output_len {
             return Err(Error::Internal(format!("{desc}: buffers smaller than the plan's")));
         }
-        let res = self.run_program(&desc, &plan.program, bufs, &plan.results).map_err(|e| self.explain(e));
+        let res = self.run_program(&desc, plan, bufs).map_err(|e| self.explain(e));
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
@@ -612,9 +761,9 @@ impl Engine {
         res
     }
 
-    fn run_program(&mut self, desc: &OpDesc, prog: &Program, bufs: &Bufs, results: &[Region]) -> Result<()> {
+    fn run_program(&mut self, desc: &OpDesc, plan: &Plan, bufs: &Bufs) -> Result<()> {
         let esize = desc.dtype.size();
-        let words = (prog.scratch * esize).div_ceil(8);
+        let words = (plan.program.scratch * esize).div_ceil(8);
         if self.scratch.len() < words {
             self.scratch.resize(words, 0);
         }
@@ -629,46 +778,36 @@ impl Engine {
             // lengths, and `collective` that the buffers are at least that long.
             Span { ptr: unsafe { base.add(r.off * esize) }, len: r.len * esize }
         };
-        for (s, step) in prog.steps.iter().enumerate() {
-            let mut msgs = vec![(0u32, 0u32); self.nranks];
-            let tasks = step
-                .ops
-                .iter()
-                .map(|op| {
-                    let (act, region, label) = match *op {
-                        Op::Send { peer, src } => {
-                            msgs[peer].0 += 1;
-                            (Act::Send { peer }, src, Label::Coll { msg: msgs[peer].0 - 1 })
-                        }
-                        Op::Recv { peer, dst, with } => {
-                            msgs[peer].1 += 1;
-                            let act = Act::Recv { peer, with: with.map(|w| span(&w)) };
-                            (act, dst, Label::Coll { msg: msgs[peer].1 - 1 })
-                        }
-                        Op::Copy { src, dst } => (Act::Copy { src: span(&src) }, dst, Label::Coll { msg: 0 }),
-                    };
-                    Task::new(act, span(&region), label)
-                })
-                .collect();
-            self.run_step(Ctx::Coll { desc, step: s as u32 }, tasks, None)?;
+        // Input and output are either the same memory or disjoint (they come from one
+        // mutable slice, or from a shared and a mutable one).
+        let steps = plan.steps(std::ptr::eq(bufs.input, bufs.output))?;
+        for (s, step) in steps.iter().enumerate() {
+            let mut run = StepRun::new(Ctx::Coll { desc, step: s as u32 }, self.nranks, self.take_bufs());
+            run.load(step, span);
+            self.run_step(&mut run, None)?;
+            self.spare = run.into_bufs();
         }
-        if let Some(op) = desc.op {
-            for r in results {
-                let sp = span(r);
-                // SAFETY: the region is inside its buffer (see `span`) and every task of
-                // the program has finished, so nothing else views this memory.
-                reduce::finalize(desc.dtype, op, unsafe { sp.bytes_mut(0, sp.len) }, self.nranks)?;
-            }
+        if let (Some(op), Some(r)) = (desc.op, plan.result) {
+            let sp = span(&r);
+            // SAFETY: the region is inside its buffer (see `span`) and every task of the
+            // program has finished, so nothing else views this memory.
+            reduce::finalize(desc.dtype, op, unsafe { sp.bytes_mut(0, sp.len) }, self.nranks)?;
         }
         Ok(())
+    }
+
+    /// The step buffers kept from the last step (empty after a failed one).
+    fn take_bufs(&mut self) -> StepBufs {
+        std::mem::take(&mut self.spare)
     }
 
     /// Runs point-to-point messages from `feed` concurrently, taking in those issued
     /// meanwhile, until every message taken has completed and none is waiting.
     pub fn p2p(&mut self, feed: &mut dyn P2pFeed) -> Result<()> {
         self.ensure_alive(|| "send/recv".to_string())?;
-        let tasks = Vec::new();
-        let res = self.run_step(Ctx::P2p, tasks, Some(feed)).map_err(|e| self.explain(e));
+        let mut run = StepRun::new(Ctx::P2p, self.nranks, self.take_bufs());
+        let res = self.run_step(&mut run, Some(feed)).map_err(|e| self.explain(e));
+        self.spare = run.into_bufs();
         if let Err(e) = &res {
             self.abort(e);
         }
@@ -677,16 +816,7 @@ impl Engine {
 
     /// Runs a step to completion. With a `feed` (point-to-point batches), operations issued
     /// while it runs join it, and each one's completion is reported as it happens.
-    fn run_step(&mut self, ctx: Ctx<'_>, tasks: Vec<Task>, mut feed: Option<&mut dyn P2pFeed>) -> Result<()> {
-        let mut run = StepRun::new(ctx, self.nranks);
-        for t in tasks {
-            run.push(t)?;
-        }
-        for peer in 0..self.nranks {
-            for i in run.recvs[peer].clone() {
-                self.claim_stashed(&mut run, i)?;
-            }
-        }
+    fn run_step(&mut self, run: &mut StepRun<'_>, mut feed: Option<&mut dyn P2pFeed>) -> Result<()> {
         let mut reported = 0;
         // When the step last stopped moving, and how many idle passes it has polled since.
         let mut idle_since: Option<Instant> = None;
@@ -695,9 +825,9 @@ impl Engine {
         loop {
             let mut progress = false;
             if let Some(feed) = feed.as_deref_mut() {
-                progress |= self.take_issued(&mut run, feed)?;
+                progress |= self.take_issued(run, feed)?;
             }
-            progress |= self.pump_all(&mut run)?;
+            progress |= self.pump_all(run)?;
             if let Some(feed) = feed.as_deref_mut() {
                 // Messages complete in any order; report each once.
                 for (i, t) in run.tasks.iter().enumerate().skip(reported) {
@@ -715,7 +845,7 @@ impl Engine {
             if run.tasks.iter().all(|t| t.complete) && self.acks_written() {
                 // A batch ends when everything taken has completed and nothing new came.
                 let more = match feed.as_deref_mut() {
-                    Some(feed) => self.take_issued(&mut run, feed)?,
+                    Some(feed) => self.take_issued(run, feed)?,
                     None => false,
                 };
                 if !more {
@@ -739,18 +869,18 @@ impl Engine {
                     continue;
                 }
             }
-            let want = self.interest(&run);
+            let want = self.interest(run);
             if want.iter().all(|w| !w.read && !w.write) {
                 return Err(Error::Internal(format!("{}: step stalled with nothing to wait for", run.op())));
             }
             let idle_for = idle.elapsed();
             if idle_for >= self.tuning.timeout {
-                return Err(self.timeout_error(&run, idle_for));
+                return Err(self.timeout_error(run, idle_for));
             }
             // Arm, then one last look: a peer that published before it saw the arm did not
             // ring.
             let token = self.links.arm();
-            if self.pump_all(&mut run)? {
+            if self.pump_all(run)? {
                 self.links.disarm();
                 idle_since = None;
                 polls = 0;
@@ -770,10 +900,12 @@ impl Engine {
             && self.out.iter().all(|f| !matches!(f, Some(OutFrame { body: Body::Ack(_), .. })))
     }
 
-    /// One pass over local copies and every peer's outgoing and incoming stream.
+    /// One pass over local copies and the outgoing and incoming streams of every peer the
+    /// step talks to.
     fn pump_all(&mut self, run: &mut StepRun<'_>) -> Result<bool> {
         let mut progress = run.local_copies();
-        for peer in 0..self.nranks {
+        for k in 0..run.touched.len() {
+            let peer = run.touched[k];
             progress |= self.pump_out(run, peer)?;
             progress |= self.pump_in(run, peer)?;
         }
@@ -1418,7 +1550,7 @@ impl Engine {
                 (Act::Recv { peer: m.peer, with: None }, Label::P2p { tag: m.tag, dtype: m.dtype, seq: 0 })
             };
             let span = Span { ptr: m.ptr, len: m.len };
-            let i = run.push(Task::new(act, span, label))?;
+            let i = run.push(Task::new(act, span, label));
             self.claim_stashed(run, i)?;
         }
         Ok(!new.is_empty())
@@ -1480,56 +1612,102 @@ impl Engine {
     }
 }
 
+/// The buffers of a step being run, kept by the engine between steps so that running one
+/// allocates nothing.
+#[derive(Default)]
+struct StepBufs {
+    tasks: Vec<Task>,
+    /// The ordering dependencies of all tasks: (earlier task, segment by segment?).
+    deps: Vec<(usize, bool)>,
+    /// Per peer, its send and receive tasks in order.
+    sends: Vec<Vec<usize>>,
+    recvs: Vec<Vec<usize>>,
+    /// Peers with tasks, whose lists above need clearing.
+    touched: Vec<usize>,
+}
+
 /// One step being run.
 struct StepRun<'a> {
     ctx: Ctx<'a>,
     tasks: Vec<Task>,
+    deps: Vec<(usize, bool)>,
     sends: Vec<Vec<usize>>,
     recvs: Vec<Vec<usize>>,
+    touched: Vec<usize>,
 }
 
 impl<'a> StepRun<'a> {
-    fn new(ctx: Ctx<'a>, nranks: usize) -> Self {
-        StepRun { ctx, tasks: Vec::new(), sends: vec![Vec::new(); nranks], recvs: vec![Vec::new(); nranks] }
+    /// An empty step over `nranks` ranks, reusing `bufs`.
+    fn new(ctx: Ctx<'a>, nranks: usize, bufs: StepBufs) -> Self {
+        let StepBufs { mut tasks, mut deps, mut sends, mut recvs, mut touched } = bufs;
+        tasks.clear();
+        deps.clear();
+        for &p in &touched {
+            sends[p].clear();
+            recvs[p].clear();
+        }
+        touched.clear();
+        sends.resize_with(nranks, Vec::new);
+        recvs.resize_with(nranks, Vec::new);
+        StepRun { ctx, tasks, deps, sends, recvs, touched }
     }
 
-    /// Adds a task after the others: computes what it must follow (the ordering rule of a
-    /// step) and marks no-op copies done. Returns its index.
-    fn push(&mut self, mut t: Task) -> Result<usize> {
-        if let Act::Copy { src } = t.act {
-            if src == t.span {
-                t.complete = true;
-                t.done = src.len;
-            } else if src.overlaps(&t.span) {
-                return Err(Error::Internal("local copy between overlapping regions".into()));
-            }
-            t.complete |= t.span.len == 0;
-        }
-        if !t.complete {
-            for (i, a) in self.tasks.iter_mut().enumerate() {
-                let mut pairs = Vec::new();
-                if let Some(w) = a.writes() {
-                    pairs.extend(t.reads().into_iter().chain(t.writes()).map(|r| (w, r)));
-                }
-                for r in a.reads() {
-                    pairs.extend(t.writes().map(|w| (r, w)));
-                }
-                let clashes: Vec<_> = pairs.into_iter().filter(|(x, y)| x.overlaps(y)).collect();
-                if !clashes.is_empty() {
-                    let fine = clashes.iter().all(|(x, y)| x == y) && a.span.len == t.span.len;
-                    t.deps.push((i, fine));
-                    a.has_dependents = true;
-                }
-            }
-        }
+    /// Gives the buffers back for the next step.
+    fn into_bufs(self) -> StepBufs {
+        let StepRun { tasks, deps, sends, recvs, touched, .. } = self;
+        StepBufs { tasks, deps, sends, recvs, touched }
+    }
+
+    /// Adds task `t` after the others, with the dependencies given.
+    fn add(&mut self, mut t: Task, deps: impl IntoIterator<Item = (usize, bool)>) -> usize {
+        let start = self.deps.len();
+        self.deps.extend(deps);
+        t.deps = start..self.deps.len();
         let i = self.tasks.len();
         match t.act {
-            Act::Send { peer } => self.sends[peer].push(i),
-            Act::Recv { peer, .. } => self.recvs[peer].push(i),
+            Act::Send { peer } | Act::Recv { peer, .. } => {
+                if self.sends[peer].is_empty() && self.recvs[peer].is_empty() {
+                    self.touched.push(peer);
+                }
+                if matches!(t.act, Act::Send { .. }) {
+                    self.sends[peer].push(i);
+                } else {
+                    self.recvs[peer].push(i);
+                }
+            }
             Act::Copy { .. } => {}
         }
         self.tasks.push(t);
-        Ok(i)
+        i
+    }
+
+    /// Places compiled step `plan` on the operation's buffers (`span` resolves a region).
+    fn load(&mut self, plan: &CompiledStep, span: impl Fn(&Region) -> Span) {
+        for tp in &plan.tasks {
+            let act = match tp.act {
+                PlannedAct::Send { peer } => Act::Send { peer },
+                PlannedAct::Recv { peer, with } => Act::Recv { peer, with: with.map(|w| span(&w)) },
+                PlannedAct::Copy { src } => Act::Copy { src: span(&src) },
+            };
+            let mut t = Task::new(act, span(&tp.region), Label::Coll { msg: tp.msg });
+            t.has_dependents = tp.has_dependents;
+            if tp.noop {
+                t.complete = true;
+                t.done = t.span.len;
+            }
+            self.add(t, tp.deps.iter().map(|&(d, fine)| (d as usize, fine)));
+        }
+    }
+
+    /// Adds a point-to-point task after the others, working out what it must follow.
+    /// Returns its index.
+    fn push(&mut self, t: Task) -> usize {
+        let mut deps = Vec::new();
+        dependencies(self.tasks.iter().map(Task::access), &t.access(), |i, fine| deps.push((i, fine)));
+        for &(i, _) in &deps {
+            self.tasks[i].has_dependents = true;
+        }
+        self.add(t, deps)
     }
 
     /// The operation, described for error messages.
@@ -1540,7 +1718,7 @@ impl<'a> StepRun<'a> {
     /// How far task `i` may go: the least progress among what it follows.
     fn limit(&self, i: usize) -> usize {
         let t = &self.tasks[i];
-        t.deps.iter().fold(t.span.len, |lim, &(d, fine)| {
+        self.deps[t.deps.clone()].iter().fold(t.span.len, |lim, &(d, fine)| {
             let dep = &self.tasks[d];
             let allowed = if dep.complete {
                 usize::MAX

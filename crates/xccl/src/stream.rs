@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -37,10 +38,10 @@ pub(crate) enum JobOp {
 // the owned buffers in the completion); only the thread running the operation uses them.
 unsafe impl Send for JobOp {}
 
-/// One queued operation, when it was issued, and where its outcome goes.
+/// One queued operation, when it was issued (while recording), and where its outcome goes.
 struct Job {
     op: JobOp,
-    issued: Instant,
+    issued: Option<Instant>,
     done: Option<Arc<Completion>>,
 }
 
@@ -71,6 +72,8 @@ struct Shared {
     waker: Waker,
     /// Spans of finished operations, while recording.
     timeline: Mutex<Option<Vec<OpSpan>>>,
+    /// Whether spans are recorded: clocks are read only then.
+    recording: AtomicBool,
 }
 
 impl Shared {
@@ -89,8 +92,20 @@ impl Shared {
         })
     }
 
-    /// Adds a span if recording.
-    fn record(&self, name: impl FnOnce() -> String, bytes: usize, issued: Instant, started: Instant) {
+    /// The time, if recording.
+    fn stamp(&self) -> Option<Instant> {
+        self.recording.load(Ordering::Relaxed).then(Instant::now)
+    }
+
+    /// Adds a span if recording (and the operation was issued while recording).
+    fn record(
+        &self,
+        name: impl FnOnce() -> String,
+        bytes: usize,
+        issued: Option<Instant>,
+        started: Option<Instant>,
+    ) {
+        let (Some(issued), Some(started)) = (issued, started) else { return };
         let mut t = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(spans) = t.as_mut() {
             spans.push(OpSpan { name: name(), bytes, issued, started, finished: Instant::now() });
@@ -142,6 +157,7 @@ impl Stream {
             waker: engine.waker(),
             engine: Mutex::new(engine),
             timeline: Mutex::new(None),
+            recording: AtomicBool::new(false),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -151,9 +167,11 @@ impl Stream {
         Ok(Stream { rank, shared, thread: Some(thread) })
     }
 
-    /// Starts (or stops, dropping what was recorded) recording operation spans.
+    /// Starts (or stops, dropping what was recorded) recording the spans of operations
+    /// issued from now on.
     pub fn record_timeline(&self, on: bool) {
         *self.shared.timeline.lock().unwrap_or_else(PoisonError::into_inner) = on.then(Vec::new);
+        self.shared.recording.store(on, Ordering::Relaxed);
     }
 
     /// Takes the spans recorded so far.
@@ -168,14 +186,14 @@ impl Stream {
         let mut q = self.shared.queue();
         let seq = q.next_seq;
         q.next_seq += 1;
-        let job = Job { op: make(seq), issued: Instant::now(), done: Some(done) };
+        let job = Job { op: make(seq), issued: self.shared.stamp(), done: Some(done) };
         self.shared.enqueue(q, job);
         seq
     }
 
     /// Queues an operation that takes no sequence number (point-to-point, marker).
     pub fn submit_unsequenced(&self, op: JobOp, done: Arc<Completion>) {
-        let job = Job { op, issued: Instant::now(), done: Some(done) };
+        let job = Job { op, issued: self.shared.stamp(), done: Some(done) };
         self.shared.enqueue(self.shared.queue(), job);
     }
 
@@ -196,7 +214,7 @@ impl Stream {
     }
 
     fn run_or_queue(&self, mut q: MutexGuard<'_, Queue>, op: JobOp) -> Result<()> {
-        let issued = Instant::now();
+        let issued = self.shared.stamp();
         if q.busy || !q.jobs.is_empty() {
             let done = Arc::new(Completion::default());
             self.shared.enqueue(q, Job { op, issued, done: Some(done.clone()) });
@@ -261,13 +279,17 @@ fn progress(shared: &Shared) {
     }
 }
 
+/// A message of a batch: the message, where its outcome goes, and when it was issued and
+/// started (while recording).
+type FedJob = (P2p, Option<Arc<Completion>>, Option<Instant>, Option<Instant>);
+
 /// Feeds a point-to-point batch from the queue: the job that started it, then every
 /// point-to-point job at the head of the queue as it is issued.
 struct QueueFeed<'a> {
     shared: &'a Shared,
     first: Option<Job>,
     /// The batch's messages, in the order fetched, with their jobs.
-    jobs: Vec<(P2p, Option<Arc<Completion>>, Instant, Instant)>,
+    jobs: Vec<FedJob>,
     /// Whether the first message (the job that started the batch) completed.
     first_done: bool,
 }
@@ -277,7 +299,7 @@ impl P2pFeed for QueueFeed<'_> {
         let mut take = |job: Job| {
             if let JobOp::P2p { msg } = job.op {
                 into.push(msg);
-                self.jobs.push((msg, job.done, job.issued, Instant::now()));
+                self.jobs.push((msg, job.done, job.issued, self.shared.stamp()));
             }
         };
         if let Some(job) = self.first.take() {
@@ -331,7 +353,7 @@ impl Drop for QueueFeed<'_> {
 /// Runs one job taken from the queue (a point-to-point job starts a batch); returns its
 /// outcome, and hands it to its completion if it has one.
 fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
-    let started = Instant::now();
+    let started = shared.stamp();
     match &job.op {
         JobOp::Coll { plan, seq, bufs } => {
             let result = engine.collective(plan, *seq, bufs);

@@ -7,6 +7,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use rustc_hash::FxHashMap;
+
 use crate::algo::tune::{self, Choice, LinkClass, Topology};
 use crate::algo::{self, Algorithm, Shape};
 use crate::bootstrap::host;
@@ -18,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, Plan, Tuning};
 use crate::frame::{CollKind, OpDesc};
 use crate::reduce::ReduceOp;
-use crate::schedule::Region;
+use crate::schedule::{Buf, Region};
 use crate::stream::{JobOp, Stream};
 use crate::transport::local::{self, LocalMesh};
 use crate::transport::shm::{self, ShmSegment};
@@ -111,7 +113,7 @@ struct Inner {
     config: Config,
     fabric: Fabric,
     /// Plans of the collectives called so far, so that a repeated call builds nothing.
-    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    plans: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
 }
 
 /// Everything a plan depends on (besides the communicator).
@@ -170,7 +172,7 @@ impl Communicator {
             Tuning { timeout: config.timeout, max_stash: config.max_unexpected, pull_min: config.pull_min };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
-        let plans = Mutex::new(HashMap::new());
+        let plans = Mutex::new(FxHashMap::default());
         Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric, plans }) })
     }
 
@@ -419,7 +421,14 @@ impl Communicator {
             root: key.root.map(|r| r as u32),
             algo: algo as u8,
         };
-        let plan = Arc::new(Plan::new(desc, program, self.rank(), self.size(), key.elems, p.results)?);
+        let plan = Arc::new(Plan::new(
+            desc,
+            program,
+            self.rank(),
+            self.size(),
+            key.elems,
+            p.result.map(|len| Region::new(Buf::Output, 0, len)),
+        )?);
         if plans.len() >= PLAN_CACHE {
             plans.clear();
         }
@@ -481,8 +490,8 @@ struct PlanArgs {
     shape: Shape,
     /// Elements of input and output, as validated.
     elems: (usize, usize),
-    /// Regions holding this rank's final reduced values.
-    results: Vec<Region>,
+    /// Elements at the start of the output holding this rank's final reduced values.
+    result: Option<usize>,
 }
 
 impl Bufs {

@@ -14,14 +14,10 @@ use crate::error::{Error, Result};
 use crate::exec::{Bufs, P2p};
 use crate::frame::CollKind;
 use crate::reduce::ReduceOp;
-use crate::schedule::{Blocks, Buf, Region};
+use crate::schedule::Blocks;
 use crate::work::{Completion, Work};
 
 type Plan = Result<std::sync::Arc<crate::exec::Plan>>;
-
-fn whole(len: usize) -> Vec<Region> {
-    vec![Region::new(Buf::Output, 0, len)]
-}
 
 fn expect(api: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
@@ -46,7 +42,7 @@ impl Communicator {
             count: len as u64,
             shape: Shape::Count(len),
             elems: (len, len),
-            results: whole(len),
+            result: Some(len),
         };
         self.plan::<T>(args)
     }
@@ -60,7 +56,7 @@ impl Communicator {
             count: len as u64,
             shape: Shape::Count(len),
             elems: (len, len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -78,7 +74,7 @@ impl Communicator {
             count: len as u64,
             shape: Shape::Count(len),
             elems: (len, out_len),
-            results: if is_root { whole(len) } else { Vec::new() },
+            result: is_root.then_some(len),
         };
         self.plan::<T>(args)
     }
@@ -92,7 +88,7 @@ impl Communicator {
             count: block as u64,
             shape: Shape::Count(block),
             elems: (block, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -108,7 +104,7 @@ impl Communicator {
             count: u64::MAX,
             shape: Shape::Gather(Blocks::from_counts(counts)),
             elems: (in_len, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -122,7 +118,7 @@ impl Communicator {
             count: out_len as u64,
             shape: Shape::Count(out_len),
             elems: (in_len, out_len),
-            results: whole(out_len),
+            result: Some(out_len),
         };
         self.plan::<T>(args)
     }
@@ -142,7 +138,7 @@ impl Communicator {
             count: block as u64,
             shape: Shape::Count(block),
             elems: (in_len, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -165,7 +161,7 @@ impl Communicator {
             count: u64::MAX,
             shape: Shape::Exchange { send: Blocks::from_counts(send), recv: Blocks::from_counts(recv) },
             elems: (in_len, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -182,7 +178,7 @@ impl Communicator {
             count: out_len as u64,
             shape: Shape::Count(out_len),
             elems: (in_len, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -199,7 +195,7 @@ impl Communicator {
             count: in_len as u64,
             shape: Shape::Count(in_len),
             elems: (in_len, out_len),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<T>(args)
     }
@@ -212,7 +208,7 @@ impl Communicator {
             count: 0,
             shape: Shape::Count(0),
             elems: (0, 0),
-            results: Vec::new(),
+            result: None,
         };
         self.plan::<u8>(args)
     }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 
+use self::doorbell::Armed;
 use self::ring::RingHost;
 
 /// How a peer's side of a link ended.
@@ -191,7 +192,7 @@ impl Bridge {
             let mut seen = bell.token();
             while !s.load(std::sync::atomic::Ordering::Acquire) {
                 let armed = bell.arm();
-                if armed == seen {
+                if armed.token() == seen {
                     bell.sleep(armed, LIVENESS);
                 }
                 let now = bell.token();
@@ -309,10 +310,10 @@ impl Links {
     /// Before sleeping: marks this rank as going to sleep (memory links only) and returns the
     /// token for [`Links::wait`]. Look at the links once more afterwards, and
     /// [`Links::disarm`] if that finds work.
-    pub fn arm(&self) -> u32 {
+    pub fn arm(&self) -> Armed {
         match (&self.memory, &self.event) {
             (Some(m), None) => m.host.bell(m.me).arm(),
-            _ => 0,
+            _ => Armed::default(),
         }
     }
 
@@ -347,7 +348,7 @@ impl Links {
     pub fn wait(
         &mut self,
         want: &[Interest],
-        token: u32,
+        token: Armed,
         timeout: Duration,
     ) -> io::Result<Vec<(usize, Closed)>> {
         let mut borrowed = Vec::new();

@@ -313,14 +313,17 @@ impl RingLink {
 
 impl Link for RingLink {
     fn write(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
-        if let Some(how) = self.peer_gone() {
-            return Err(self.eof(&how));
-        }
         let n = self.tx.write(parts);
         if n > 0 {
             self.host.bell(self.peer).notify();
+            return Ok(n);
         }
-        Ok(n)
+        // A full ring stays full if the peer is gone: say so. (Bytes written to a peer that
+        // has just gone are harmless; its absence shows at the next read or wait.)
+        match self.peer_gone() {
+            Some(how) => Err(self.eof(&how)),
+            None => Ok(0),
+        }
     }
 
     fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
