@@ -9,6 +9,7 @@
 mod bruck;
 mod chain;
 mod dbtree;
+mod direct;
 mod dissemination;
 mod fold;
 mod hierarchical;
@@ -64,11 +65,14 @@ pub enum Algorithm {
     ScatterAllGather = 13,
     /// Pipelined chain broadcast.
     Chain = 14,
+    /// Every rank exchanges with every other in one step (reduce-scatter and all-gather
+    /// phases of one step each).
+    Direct = 15,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 14] = [
+    pub const ALL: [Algorithm; 15] = [
         Algorithm::Ring,
         Algorithm::Binomial,
         Algorithm::Linear,
@@ -83,6 +87,7 @@ impl Algorithm {
         Algorithm::RecursiveHalving,
         Algorithm::ScatterAllGather,
         Algorithm::Chain,
+        Algorithm::Direct,
     ];
 
     /// The name used in `XCCL_ALGO` and in messages.
@@ -102,6 +107,7 @@ impl Algorithm {
             Algorithm::RecursiveHalving => "recursive_halving",
             Algorithm::ScatterAllGather => "scatter_allgather",
             Algorithm::Chain => "chain",
+            Algorithm::Direct => "direct",
         }
     }
 
@@ -121,9 +127,10 @@ impl Algorithm {
                 A::Rabenseifner,
                 A::DoubleBinaryTree,
                 A::Hierarchical,
+                A::Direct,
             ],
-            CollKind::AllGather => &[A::Ring, A::RecursiveDoubling, A::Bruck],
-            CollKind::ReduceScatter => &[A::Ring, A::RecursiveHalving],
+            CollKind::AllGather => &[A::Ring, A::RecursiveDoubling, A::Bruck, A::Direct],
+            CollKind::ReduceScatter => &[A::Ring, A::RecursiveHalving, A::Direct],
             CollKind::Broadcast => &[A::Binomial, A::ScatterAllGather, A::Chain],
             CollKind::Reduce => &[A::Binomial],
             CollKind::Scatter | CollKind::Gather => &[A::Linear],
@@ -263,6 +270,7 @@ pub fn build(
         (K::AllReduce, A::Rabenseifner, Shape::Count(c)) => rabenseifner::all_reduce(rank, n, *c),
         (K::AllReduce, A::DoubleBinaryTree, Shape::Count(c)) => dbtree::all_reduce(rank, n, *c),
         (K::AllReduce, A::Hierarchical, Shape::Count(c)) => hierarchical::all_reduce(rank, hosts, *c),
+        (K::AllReduce, A::Direct, Shape::Count(c)) => direct::all_reduce(rank, n, *c),
         (K::AllGather, _, Shape::Count(c)) => {
             return build(kind, algo, rank, hosts, root, &Shape::Gather(Blocks::uniform(*c, n)));
         }
@@ -271,10 +279,12 @@ pub fn build(
             recursive_doubling::all_gather(rank, blocks)
         }
         (K::AllGather, A::Bruck, Shape::Gather(blocks)) => bruck::all_gather(rank, blocks),
+        (K::AllGather, A::Direct, Shape::Gather(blocks)) => direct::all_gather(rank, blocks),
         (K::ReduceScatter, A::Ring, Shape::Count(c)) => ring::reduce_scatter(rank, n, *c),
         (K::ReduceScatter, A::RecursiveHalving, Shape::Count(c)) => {
             recursive_halving::reduce_scatter(rank, n, *c)
         }
+        (K::ReduceScatter, A::Direct, Shape::Count(c)) => direct::reduce_scatter(rank, n, *c),
         (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, n, *c, root),
         (K::Broadcast, A::ScatterAllGather, Shape::Count(c)) => {
             scatter_allgather::broadcast(rank, n, *c, root)
