@@ -95,7 +95,7 @@ impl Coll {
     }
 
     /// The library's collective, if this is one.
-    fn kind(self) -> Option<CollKind> {
+    pub(crate) fn kind(self) -> Option<CollKind> {
         Some(match self {
             Coll::AllReduce => CollKind::AllReduce,
             Coll::AllGather => CollKind::AllGather,
@@ -157,8 +157,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub inplace: bool,
     /// Run this algorithm instead of the tuner's pick (`xccl verify` lists the names).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "every_algo")]
     pub algo: Option<Algorithm>,
+    /// Run every algorithm of the collective at each size, with the tuner's predicted time
+    /// beside the measured one; `*` marks the tuner's pick.
+    #[arg(long)]
+    pub every_algo: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -364,6 +368,72 @@ pub(crate) fn wrong<T: Element>(k: &Case<T>) -> usize {
     result.iter().zip(&k.expected).filter(|(a, b)| a != b).count()
 }
 
+/// One measured size.
+pub(crate) struct Row {
+    /// Bytes as nccl-tests counts them.
+    real: usize,
+    count: usize,
+    /// Mean over ranks, seconds per operation.
+    pub tavg: f64,
+    /// The slowest rank's seconds per operation.
+    tmax: f64,
+    algbw: f64,
+    busbw: f64,
+    /// Wrong elements, over all ranks.
+    pub wrong: usize,
+    iters: usize,
+}
+
+/// Measures one size on `c`: a checked run, a timed warm-up that sets the number of runs,
+/// the timed runs, and the result checked again. Also returns the count each rank passed.
+pub(crate) fn measure<T: Element>(
+    c: &Communicator,
+    args: &BenchArgs,
+    bytes: usize,
+) -> xccl::Result<(Row, usize)> {
+    let n = c.size();
+    let mut k = case::<T>(c, args, bytes);
+    let mut bad = wrong_count(c, args, &mut k)?;
+    let t0 = Instant::now();
+    for _ in 0..args.warmup.max(1) {
+        run_once(c, args, &mut k)?;
+    }
+    let mut plan = [t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64];
+    c.broadcast(&mut plan, 0)?;
+    let iters = args
+        .iters
+        .unwrap_or_else(|| (args.target_sec / plan[0].max(1e-9)).clamp(3.0, 20000.0) as usize)
+        .max(1);
+    c.barrier()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        run_once(c, args, &mut k)?;
+    }
+    let dt = t0.elapsed().as_secs_f64() / iters as f64;
+    c.barrier()?;
+    if !args.inplace {
+        bad += wrong(&k);
+    }
+    let mut sums = [dt, bad as f64];
+    c.all_reduce(&mut sums, ReduceOp::Sum)?;
+    let mut tmax = [dt];
+    c.all_reduce(&mut tmax, ReduceOp::Max)?;
+    let tavg = sums[0] / n as f64;
+    let real = k.count * size_of::<T>();
+    let algbw = real as f64 / tavg / 1e9;
+    let row = Row {
+        real,
+        count: k.count,
+        tavg,
+        tmax: tmax[0],
+        algbw,
+        busbw: algbw * args.coll.busbw_factor(n),
+        wrong: sums[1] as usize,
+        iters,
+    };
+    Ok((row, k.per_rank))
+}
+
 fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Result<()> {
     let (n, r) = (c.size(), c.rank());
     if args.coll.rooted() && args.root >= n {
@@ -386,8 +456,9 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
     say("#".into());
     say(format!("# op={}  busbw factor={:.4}", args.coll.name(), args.coll.busbw_factor(n)));
     let root_col = if args.peer_format { String::new() } else { format!(" {:>5}", "root") };
+    let pred_col = if args.every_algo { format!(" {:>10}", "pred(us)") } else { String::new() };
     say(format!(
-        "# {:>12} {:>12} {:>6} {:>5}{root_col} {:>12} {:>11} {:>11} {:>6} {:>12} {:>6}  algo",
+        "# {:>12} {:>12} {:>6} {:>5}{root_col} {:>12} {:>11} {:>11} {:>6} {:>12} {:>6}  algo{pred_col}",
         "size(B)",
         "count",
         "type",
@@ -399,58 +470,74 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         "tmax(us)",
         "iters"
     ));
+    // With --every-algo, one duplicate communicator per algorithm, each forced to it.
+    let kind = args.coll.kind();
+    let mut forced = Vec::new();
+    if args.every_algo {
+        let kind =
+            kind.ok_or_else(|| xccl::Error::Config("--every-algo does not apply to sendrecv".into()))?;
+        for &algo in Algorithm::for_collective(kind) {
+            if algo.supports(kind, n, &xccl::algo::Shape::Count(1)) {
+                let mut config = c.config().clone();
+                config.algos.set(kind, algo)?;
+                forced.push((Some(algo), c.dup_with(config)?));
+            }
+        }
+    }
+    let runs: Vec<(Option<Algorithm>, &Communicator)> =
+        if args.every_algo { forced.iter().map(|(a, comm)| (*a, comm)).collect() } else { vec![(None, c)] };
     let mut bus_sum = 0.0;
     let mut rows = 0usize;
     let mut wrong_total = 0usize;
     for bytes in sizes(args) {
-        let mut k = case::<T>(c, args, bytes);
-        let mut bad = wrong_count(c, args, &mut k)?;
-        // Warm-up, timed to pick the number of timed runs.
-        let t0 = Instant::now();
-        for _ in 0..args.warmup.max(1) {
-            run_once(c, args, &mut k)?;
+        let mut measured = Vec::new();
+        for (forced_algo, comm) in &runs {
+            let (row, per_rank) = measure::<T>(comm, args, bytes)?;
+            bus_sum += row.busbw;
+            rows += 1;
+            wrong_total += row.wrong;
+            let (algo, pred) = match kind {
+                Some(kind) => {
+                    let choice = c.algorithm_for(kind, per_rank, args.dtype, args.root)?;
+                    let algo = forced_algo.unwrap_or(choice.algo);
+                    let pred = choice.ranking.iter().find(|(a, _)| *a == algo).map_or(f64::NAN, |p| p.1);
+                    let mark = if args.every_algo && algo == choice.algo { "*" } else { "" };
+                    (format!("{algo}{mark}"), pred)
+                }
+                None => ("p2p".to_string(), f64::NAN),
+            };
+            let root = if args.coll.rooted() { args.root.to_string() } else { "-1".into() };
+            let root_col = if args.peer_format { String::new() } else { format!(" {root:>5}") };
+            let pred_col = if args.every_algo { format!(" {:>10.2}", pred * 1e6) } else { String::new() };
+            say(format!(
+                "  {:>12} {:>12} {:>6} {redop:>5}{root_col} {:>12.2} {:>11.3} {:>11.3} {:>6} {:>12.2} {:>6}  {algo}{pred_col}",
+                row.real,
+                row.count,
+                args.dtype.name(),
+                row.tavg * 1e6,
+                row.algbw,
+                row.busbw,
+                row.wrong,
+                row.tmax * 1e6,
+                row.iters
+            ));
+            measured.push((algo, row.tavg));
         }
-        let mut plan = [t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64];
-        c.broadcast(&mut plan, 0)?;
-        let iters = args
-            .iters
-            .unwrap_or_else(|| (args.target_sec / plan[0].max(1e-9)).clamp(3.0, 20000.0) as usize)
-            .max(1);
-        c.barrier()?;
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            run_once(c, args, &mut k)?;
+        if args.every_algo {
+            if let (Some(best), Some(pick)) = (
+                measured.iter().min_by(|a, b| a.1.total_cmp(&b.1)),
+                measured.iter().find(|(a, _)| a.ends_with('*')),
+            ) {
+                say(format!(
+                    "# tuner at {bytes} B: picked {} at {:.2} us, best {} at {:.2} us: {:.2}x the best",
+                    pick.0.trim_end_matches('*'),
+                    pick.1 * 1e6,
+                    best.0.trim_end_matches('*'),
+                    best.1 * 1e6,
+                    pick.1 / best.1
+                ));
+            }
         }
-        let dt = t0.elapsed().as_secs_f64() / iters as f64;
-        c.barrier()?;
-        if !args.inplace {
-            bad += wrong(&k);
-        }
-        let mut sums = [dt, bad as f64];
-        c.all_reduce(&mut sums, ReduceOp::Sum)?;
-        let mut tmax = [dt];
-        c.all_reduce(&mut tmax, ReduceOp::Max)?;
-        let tavg = sums[0] / n as f64;
-        let real = k.count * size_of::<T>();
-        let algbw = real as f64 / tavg / 1e9;
-        let busbw = algbw * args.coll.busbw_factor(n);
-        bus_sum += busbw;
-        rows += 1;
-        wrong_total += sums[1] as usize;
-        let root = if args.coll.rooted() { args.root.to_string() } else { "-1".into() };
-        let algo = match args.coll.kind() {
-            Some(kind) => c.algorithm_for(kind, k.per_rank, args.dtype, args.root)?.algo.name(),
-            None => "p2p",
-        };
-        let root_col = if args.peer_format { String::new() } else { format!(" {root:>5}") };
-        say(format!(
-            "  {real:>12} {:>12} {:>6} {redop:>5}{root_col} {:>12.2} {algbw:>11.3} {busbw:>11.3} {:>6} {:>12.2} {iters:>6}  {algo}",
-            k.count,
-            args.dtype.name(),
-            tavg * 1e6,
-            sums[1] as usize,
-            tmax[0] * 1e6
-        ));
     }
     say(format!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" }));
     say(format!("# Avg bus bandwidth    : {:.4}", if rows > 0 { bus_sum / rows as f64 } else { 0.0 }));

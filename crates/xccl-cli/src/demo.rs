@@ -95,6 +95,7 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             peer_format: false,
             inplace: false,
             algo: None,
+            every_algo: false,
         };
         let mut k = bench::case::<f32>(&c, &args, bytes);
         bench::run_once(&c, &args, &mut k)?;

@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod run;
+mod tune;
 mod verify;
 
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Prove every algorithm correct on every world size, symbolically.
     Verify(verify::VerifyArgs),
+    /// Calibrate the tuner's cost model on this machine (measure, then fit).
+    Tune(tune::TuneArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,5 +51,6 @@ fn main() -> ExitCode {
         },
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::Tune(args) => tune::run(&args),
     }
 }

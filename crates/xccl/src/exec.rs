@@ -469,8 +469,9 @@ impl Control {
 /// Bytes pulled per copy when combining: staged in L2, then reduced.
 const PULL_CHUNK: usize = 256 << 10;
 
-/// Bytes pulled per copy into a plain receive: large pieces amortise the kernel's work per
-/// call, small enough that a forwarding rank passes the first piece on soon.
+/// Bytes pulled per copy into a plain receive that a later operation of its step follows
+/// (a forwarding rank passes the first piece on soon); one that nothing follows is copied in
+/// one call, which amortises the kernel's work best.
 const PULL_PLAIN_CHUNK: usize = 4 << 20;
 
 /// A point-to-point message that arrived before its receive was posted.
@@ -1334,7 +1335,11 @@ impl Engine {
             Target::Task(i) => {
                 let t = &run.tasks[i];
                 let combining = matches!(t.act, Act::Recv { with: Some(_), .. });
-                let chunk = if combining { PULL_CHUNK } else { PULL_PLAIN_CHUNK };
+                let chunk = match (combining, t.has_dependents) {
+                    (true, _) => PULL_CHUNK,
+                    (false, true) => PULL_PLAIN_CHUNK,
+                    (false, false) => usize::MAX,
+                };
                 let n = run.limit(i).saturating_sub(t.done).min(left).min(chunk);
                 if n == 0 {
                     return Ok(0);

@@ -75,6 +75,35 @@ fn groups_used_concurrently_from_several_threads_do_not_cross_talk() {
 }
 
 #[test]
+fn a_duplicate_keeps_the_ranks_and_runs_its_own_settings_alongside() {
+    on_ranks(4, test_config(), |c| {
+        let r = c.rank();
+        let mut config = c.config().clone();
+        config.algos.set(xccl::CollKind::AllReduce, xccl::algo::Algorithm::ReduceBroadcast).unwrap();
+        let dup = c.dup_with(config).unwrap();
+        assert_eq!((dup.rank(), dup.size()), (r, 4));
+        assert_ne!(dup.id(), c.id());
+        // Both at once, interleaved across threads: each sees only its own traffic.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..50u32 {
+                    let mut v = vec![r as u32 + i; 1000];
+                    dup.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+                    assert!(v.iter().all(|x| *x == 6 + 4 * i));
+                }
+            });
+            for i in 0..50u32 {
+                let mut v = vec![r as u32 * i; 10];
+                c.all_reduce(&mut v, ReduceOp::Max).unwrap();
+                assert!(v.iter().all(|x| *x == 3 * i));
+            }
+        });
+        let choice = dup.algorithm_for(xccl::CollKind::AllReduce, 1000, xccl::DType::U32, 0).unwrap();
+        assert_eq!(choice.algo, xccl::algo::Algorithm::ReduceBroadcast);
+    });
+}
+
+#[test]
 fn async_operations_overlap_compute_and_complete_in_issue_order() {
     on_ranks(4, test_config(), |c| {
         let r = c.rank();

@@ -12,18 +12,23 @@
 //! sum of its steps. A single-step pipelined tree comes out
 //! right too: its root pays for every child it feeds.
 //!
+//! A host with more ranks than cores runs them in turns: a rank's time in a step is
+//! multiplied by the host's crowding (ranks per core), and every step costs a hand-off of
+//! the core (`switch`), so with crowded hosts algorithms with fewer steps win.
+//!
 //! Everything the prediction uses (the collective, its size, the ranks and which of them
 //! share a host, the constants) is the same on every rank, never a rank-local timing, so all
 //! ranks choose alike. The constants default to values measured on the project's reference
 //! machine (docs/PERFORMANCE.md) and can be overridden per class by `XCCL_TUNE_<CLASS>` as
-//! `alpha_us,beta_gbps,gamma_gbps,delta_gbps` (for example `XCCL_TUNE_SHM=1.5,6,8,12`).
+//! `alpha_us,beta_gbps,gamma_gbps,delta_gbps` (for example `XCCL_TUNE_SHM=1.5,6,8,12`), and
+//! the hand-off by `XCCL_TUNE_SWITCH_US`.
 
 use std::fmt;
 
 use super::{Algorithm, Shape, build};
 use crate::error::{Error, Result};
 use crate::frame::CollKind;
-use crate::schedule::Op;
+use crate::schedule::{Op, Program};
 
 /// Kinds of link between two ranks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +91,8 @@ pub struct CostModel {
     pub shm: LinkCost,
     /// TCP.
     pub tcp: LinkCost,
+    /// Seconds a step costs on a crowded host (more ranks than cores) for handing cores over.
+    pub switch: f64,
 }
 
 impl Default for CostModel {
@@ -96,12 +103,14 @@ impl Default for CostModel {
             local: LinkCost::new(1.5, 6.0, 7.0, 10.0),
             shm: LinkCost::new(1.5, 6.0, 7.0, 10.0),
             tcp: LinkCost::new(25.0, 1.6, 7.0, 10.0),
+            switch: 20e-6,
         }
     }
 }
 
 impl CostModel {
-    /// Defaults overridden by `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP`.
+    /// Defaults overridden by `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` and
+    /// `XCCL_TUNE_SWITCH_US`.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<CostModel> {
         let mut m = CostModel::default();
         for (name, slot) in
@@ -110,6 +119,16 @@ impl CostModel {
             if let Some(v) = lookup(name) {
                 *slot = LinkCost::parse(name, &v)?;
             }
+        }
+        if let Some(v) = lookup("XCCL_TUNE_SWITCH_US") {
+            m.switch = match v.trim().parse::<f64>() {
+                Ok(us) if us.is_finite() && us >= 0.0 => us * 1e-6,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "XCCL_TUNE_SWITCH_US='{v}' is not a number of microseconds"
+                    )));
+                }
+            };
         }
         Ok(m)
     }
@@ -129,6 +148,8 @@ impl CostModel {
 pub struct Topology {
     /// Host index of each rank.
     pub hosts: Vec<usize>,
+    /// Cores of each rank's host.
+    pub cores: Vec<usize>,
     /// The class of links between ranks of one host.
     pub intra: LinkClass,
     /// The class of links between hosts.
@@ -136,8 +157,23 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// `n` ranks on one host of `cores` cores, linked by `intra`.
+    pub fn one_host(n: usize, cores: usize, intra: LinkClass) -> Topology {
+        Topology { hosts: vec![0; n], cores: vec![cores; n], intra, inter: LinkClass::Tcp }
+    }
+
     fn class(&self, a: usize, b: usize) -> LinkClass {
         if self.hosts[a] == self.hosts[b] { self.intra } else { self.inter }
+    }
+
+    /// Ranks per core on each rank's host (at least 1).
+    fn crowding(&self) -> Vec<f64> {
+        (0..self.hosts.len())
+            .map(|r| {
+                let here = self.hosts.iter().filter(|&&h| h == self.hosts[r]).count();
+                (here as f64 / self.cores.get(r).copied().unwrap_or(1).max(1) as f64).max(1.0)
+            })
+            .collect()
     }
 }
 
@@ -151,12 +187,46 @@ pub fn predict(
     shape: &Shape,
     esize: usize,
 ) -> Result<f64> {
-    let n = topo.hosts.len();
-    let programs =
-        (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
+    Ok(Costing::new(topo, kind, algo, root, shape, esize)?.time(model))
+}
+
+/// Every rank's schedule of one collective, built once and costed under any constants (what
+/// calibration needs).
+#[derive(Clone, Debug)]
+pub struct Costing {
+    topo: Topology,
+    programs: Vec<Program>,
+    esize: usize,
+}
+
+impl Costing {
+    /// The schedules of `algo` running `kind` on `topo` with this layout.
+    pub fn new(
+        topo: &Topology,
+        kind: CollKind,
+        algo: Algorithm,
+        root: usize,
+        shape: &Shape,
+        esize: usize,
+    ) -> Result<Costing> {
+        let n = topo.hosts.len();
+        let programs =
+            (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
+        Ok(Costing { topo: topo.clone(), programs, esize })
+    }
+
+    /// The predicted time under `model`, in seconds.
+    pub fn time(&self, model: &CostModel) -> f64 {
+        let (topo, programs, esize) = (&self.topo, &self.programs, self.esize);
+        cost(model, topo, programs, esize)
+    }
+}
+
+fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) -> f64 {
     let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
     let inter = model.of(topo.inter);
     let nhosts = topo.hosts.iter().max().map_or(0, |h| h + 1);
+    let crowding = topo.crowding();
     let mut total = 0.0;
     for s in 0..steps {
         let mut slowest = 0.0f64;
@@ -192,23 +262,19 @@ pub fn predict(
                     Op::Copy { dst, .. } => work += (dst.len * esize) as f64 * model.of(topo.intra).delta,
                 }
             }
-            slowest = slowest.max(msgs + f64::max(out, inn) + work);
+            let crowd = crowding[r];
+            let handoff = if crowd > 1.0 { model.switch } else { 0.0 };
+            slowest = slowest.max((msgs + f64::max(out, inn) + work) * crowd + handoff);
         }
         let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
-        total += slowest.max(busiest_host * inter.beta) + forwarding(model, topo, &programs, s, esize);
+        total += slowest.max(busiest_host * inter.beta) + forwarding(model, topo, programs, s, esize);
     }
-    Ok(total)
+    total
 }
 
 /// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
 /// they receive, times one segment's hop.
-fn forwarding(
-    model: &CostModel,
-    topo: &Topology,
-    programs: &[crate::schedule::Program],
-    s: usize,
-    esize: usize,
-) -> f64 {
+fn forwarding(model: &CostModel, topo: &Topology, programs: &[Program], s: usize, esize: usize) -> f64 {
     let n = programs.len();
     // For each rank, the peers whose messages it forwards and the cost of one hop to it.
     let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
@@ -287,7 +353,7 @@ mod tests {
     use super::*;
 
     fn topo(n: usize) -> Topology {
-        Topology { hosts: vec![0; n], intra: LinkClass::Shm, inter: LinkClass::Tcp }
+        Topology::one_host(n, 64, LinkClass::Shm)
     }
 
     #[test]
@@ -319,8 +385,12 @@ mod tests {
 
     #[test]
     fn hierarchy_wins_only_when_hosts_are_far_apart() {
-        let t =
-            Topology { hosts: vec![0, 0, 0, 0, 1, 1, 1, 1], intra: LinkClass::Shm, inter: LinkClass::Tcp };
+        let t = Topology {
+            hosts: vec![0, 0, 0, 0, 1, 1, 1, 1],
+            cores: vec![8; 8],
+            intra: LinkClass::Shm,
+            inter: LinkClass::Tcp,
+        };
         // The ring crosses between hosts in two places only, so with a network a few times
         // slower than shared memory it still wins; with one twenty times slower, crossing once
         // per host (the hierarchy) pays for its slower inside phases.
@@ -343,11 +413,27 @@ mod tests {
     }
 
     #[test]
+    fn crowded_hosts_prefer_fewer_steps() {
+        // Eight ranks on two cores: every step of a ring waits for time slices, so the two
+        // steps of the direct exchange beat the ring's fourteen for large messages too.
+        let m = CostModel::default();
+        let roomy = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(4 << 20), 4).unwrap();
+        let crowded = Topology::one_host(8, 2, LinkClass::Shm);
+        let c = rank(&m, &crowded, CollKind::AllReduce, 0, &Shape::Count(4 << 20), 4).unwrap();
+        let steps =
+            |a| build(CollKind::AllReduce, a, 0, &[0; 8], 0, &Shape::Count(4 << 20)).unwrap().steps.len();
+        assert!(steps(c.algo) < steps(roomy.algo), "crowded {c}, roomy {roomy}");
+    }
+
+    #[test]
     fn constants_parse_or_say_what_is_wrong() {
         let m = CostModel::from_lookup(|k| (k == "XCCL_TUNE_TCP").then(|| "50, 1, 5, 10".into())).unwrap();
         assert_eq!(m.tcp, LinkCost::new(50.0, 1.0, 5.0, 10.0));
         assert!(CostModel::from_lookup(|_| Some("1,2".into())).is_err());
         assert!(CostModel::from_lookup(|_| Some("1,2,x,4".into())).is_err());
         assert!(CostModel::from_lookup(|_| Some("1,-2,3,4".into())).is_err());
+        let sw = CostModel::from_lookup(|k| (k == "XCCL_TUNE_SWITCH_US").then(|| "7".into())).unwrap();
+        assert!((sw.switch - 7e-6).abs() < 1e-12);
+        assert!(CostModel::from_lookup(|k| (k == "XCCL_TUNE_SWITCH_US").then(|| "-1".into())).is_err());
     }
 }

@@ -16,6 +16,11 @@ pub(crate) fn clean_key(k: &str) -> String {
     k.split_whitespace().collect::<Vec<_>>().join("_")
 }
 
+/// Cores this process may run on.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |c| c.get())
+}
+
 /// Numbers hosts by first appearance: `hosts[r]` is the same for ranks with equal keys.
 pub(crate) fn host_indices(keys: &[String]) -> Vec<usize> {
     keys.iter().map(|k| keys.iter().position(|o| o == k).unwrap_or(0)).collect()

@@ -140,6 +140,8 @@ struct Group {
     members: Vec<usize>,
     /// Host index of each member (equal for members that share a host).
     hosts: Vec<usize>,
+    /// Cores of each member's host.
+    cores: Vec<usize>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -192,7 +194,8 @@ impl Communicator {
         let mesh = LocalMesh::new(n);
         (0..n)
             .map(|rank| {
-                let group = Group { rank, size: n, id, members: (0..n).collect(), hosts: vec![0; n] };
+                let cores = vec![host::cores(); n];
+                let group = Group { rank, size: n, id, members: (0..n).collect(), hosts: vec![0; n], cores };
                 Communicator::build(group, mesh.claim(rank)?, config.clone(), Fabric::Local)
             })
             .collect()
@@ -220,17 +223,20 @@ impl Communicator {
         let mut client = StoreClient::connect(&rv.store, &rv.auth, rv.timeout)?;
         let acceptor = Acceptor::start(client.local_addr()?.ip(), rv.auth.clone())?;
         let prefix = format!("world{generation}");
-        let me = format!("{} {} {} {}", acceptor.addr(), rv.size, std::process::id(), rv.host);
+        let me =
+            format!("{} {} {} {} {}", acceptor.addr(), rv.size, std::process::id(), host::cores(), rv.host);
         client.set(&format!("{prefix}/addr/{}", rv.rank), me.as_bytes())?;
         let mut addrs = Vec::with_capacity(rv.size);
         let mut keys = Vec::with_capacity(rv.size);
         let mut pids = Vec::with_capacity(rv.size);
+        let mut cores = Vec::with_capacity(rv.size);
         for r in 0..rv.size {
             let v = client.get(&format!("{prefix}/addr/{r}"))?;
             let v = String::from_utf8_lossy(&v).into_owned();
             let bad = || Error::Bootstrap(format!("bad address record '{v}' of rank {r}"));
-            let mut fields = v.splitn(4, ' ');
-            let (addr, size, pid, key) = (
+            let mut fields = v.splitn(5, ' ');
+            let (addr, size, pid, ncores, key) = (
+                fields.next().ok_or_else(bad)?,
                 fields.next().ok_or_else(bad)?,
                 fields.next().ok_or_else(bad)?,
                 fields.next().ok_or_else(bad)?,
@@ -244,6 +250,7 @@ impl Communicator {
             }
             addrs.push(addr.parse().map_err(|_| bad())?);
             pids.push(pid.parse().map_err(|_| bad())?);
+            cores.push(ncores.parse::<usize>().map_err(|_| bad())?.max(1));
             keys.push(key.to_string());
         }
         let id = mix(&[hash_str(rv.auth.job()), generation, rv.size as u64]);
@@ -251,7 +258,7 @@ impl Communicator {
         let hosts = host::host_indices(&keys);
         let members: Vec<usize> = (0..rv.size).collect();
         let links = fabric.links(id, rv.rank, &members, &hosts, &config)?;
-        let group = Group { rank: rv.rank, size: rv.size, id, members, hosts };
+        let group = Group { rank: rv.rank, size: rv.size, id, members, hosts, cores };
         Communicator::build(group, links, config, Fabric::Tcp(Arc::new(fabric)))
     }
 
@@ -279,6 +286,19 @@ impl Communicator {
     /// group, ordered by `key` and then by their rank here; ranks passing `None` get `None`.
     /// Collective: every rank of this group must call it.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.split_with(color, key, self.inner.config.clone())
+    }
+
+    /// A new communicator of the same ranks, in the same order, with its own stream and the
+    /// given settings (`MPI_Comm_dup`, with other settings): operations on it never mix
+    /// with this one's. Collective: every rank of this group must call it, with settings
+    /// that agree on what every rank must agree on (the algorithm overrides, say).
+    pub fn dup_with(&self, config: Config) -> Result<Communicator> {
+        self.split_with(Some(0), 0, config)?
+            .ok_or_else(|| Error::Internal("a rank left out of its own duplicate".into()))
+    }
+
+    fn split_with(&self, color: Option<u32>, key: i32, config: Config) -> Result<Option<Communicator>> {
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
         let mut all = vec![0i64; 2 * self.size()];
         let seq =
@@ -297,17 +317,17 @@ impl Communicator {
         let id = mix(&[self.inner.group.id, seq, u64::from(color)]);
         let members: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.members[r]).collect();
         let hosts: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.hosts[r]).collect();
-        let config = self.inner.config.clone();
+        let cores: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.cores[r]).collect();
         match &self.inner.fabric {
             Fabric::Local => {
                 let mesh = local::rendezvous(id, size);
                 let links = mesh.claim(rank)?;
-                let group = Group { rank, size, id, members, hosts };
+                let group = Group { rank, size, id, members, hosts, cores };
                 Communicator::build(group, links, config, Fabric::Local).map(Some)
             }
             Fabric::Tcp(f) => {
                 let links = f.links(id, rank, &members, &hosts, &config)?;
-                let group = Group { rank, size, id, members, hosts };
+                let group = Group { rank, size, id, members, hosts, cores };
                 Communicator::build(group, links, config, Fabric::Tcp(f.clone())).map(Some)
             }
         }
@@ -369,13 +389,13 @@ impl Communicator {
     /// The ranks' hosts and the links between them, as the tuner sees them.
     pub fn topology(&self) -> Topology {
         let hosts = self.inner.group.hosts.clone();
-        match &self.inner.fabric {
-            Fabric::Local => Topology { hosts, intra: LinkClass::Local, inter: LinkClass::Local },
-            Fabric::Tcp(_) => {
-                let intra = if self.inner.config.shm { LinkClass::Shm } else { LinkClass::Tcp };
-                Topology { hosts, intra, inter: LinkClass::Tcp }
-            }
-        }
+        let cores = self.inner.group.cores.clone();
+        let (intra, inter) = match &self.inner.fabric {
+            Fabric::Local => (LinkClass::Local, LinkClass::Local),
+            Fabric::Tcp(_) if self.inner.config.shm => (LinkClass::Shm, LinkClass::Tcp),
+            Fabric::Tcp(_) => (LinkClass::Tcp, LinkClass::Tcp),
+        };
+        Topology { hosts, cores, intra, inter }
     }
 
     /// The algorithm a collective of `kind` on `count` elements of `dtype` (per rank, as the
@@ -571,7 +591,7 @@ mod tests {
         // Play rank 1 by hand: authenticate properly, then send garbage instead of frames.
         let mut client = StoreClient::connect(&addr, &auth, Duration::from_secs(5)).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let record = format!("{} 2 0 another-host", listener.local_addr().unwrap());
+        let record = format!("{} 2 0 1 another-host", listener.local_addr().unwrap());
         client.set("world0/addr/1", record.as_bytes()).unwrap();
         let rank0_addr = String::from_utf8(client.get("world0/addr/0").unwrap()).unwrap();
         let mut s = TcpStream::connect(rank0_addr.split(' ').next().unwrap()).unwrap();

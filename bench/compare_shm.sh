@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Side by side on one host: xccl (shared memory) against Open MPI, MPICH and PyTorch gloo, for
+# all-reduce, all-gather, reduce-scatter, broadcast and all-to-all, interleaved, plus the
+# single-thread memcpy anchor; then the tables and the issue's targets as ratios.
+#
+#   bash bench/compare_shm.sh [REPS]                    (default 3 repetitions)
+#   OUT=/tmp/x NPS="2" SIZES=8,1M,64M bash bench/compare_shm.sh 1
+#
+# Needs the peers (../shared/bench/peers/install_peers.sh: Open MPI, MPICH, a venv with torch
+# in /tmp/peers-venv). Every command runs under the peers' prio_run.sh (own scheduler
+# autogroup, nice -10), as the peer baselines were measured. Raw outputs go to $OUT (one file
+# per implementation, rank count and repetition, in the peers' row format), the summary to
+# $OUT/summary.md.
+set -euo pipefail
+REPS="${1:-3}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+PEERS="${PEERS:-$REPO/../shared/bench/peers}"
+PY="${PY:-/tmp/peers-venv/bin/python}"
+OUT="${OUT:-$REPO/target/bench/compare_shm}"
+NPS="${NPS:-2 4}"
+SIZES="${SIZES:-8,1K,64K,1M,16M,64M}"
+TARGET_SEC="${TARGET_SEC:-0.3}"
+PRIO="$PEERS/prio_run.sh"
+XCCL="$REPO/target/release/xccl"
+COLLS="all_reduce all_gather reduce_scatter broadcast all_to_all"
+
+for need in "$PRIO" "$PY" "$(command -v mpicc || true)" "$(command -v mpicc.mpich || true)"; do
+  [ -n "$need" ] && [ -e "$need" ] || { echo "missing $need: run $PEERS/install_peers.sh first" >&2; exit 1; }
+done
+cargo build --release --manifest-path "$REPO/Cargo.toml" -p xccl-cli >/dev/null
+BIN="$OUT/bin"
+mkdir -p "$OUT" "$BIN"
+gcc -O3 -march=native -pthread -o "$BIN/memcpy_bw" "$PEERS/memcpy_bw.c"
+mpicc -O2 -o "$BIN/mpi_coll_ompi" "$PEERS/mpi_coll.c"
+mpicc.mpich -O2 -o "$BIN/mpi_coll_mpich" "$PEERS/mpi_coll.c"
+{
+  echo "date: $(date -Is)"; uname -a; lscpu | grep -E "Model name|^CPU\(s\)|L2|L3"
+  "$XCCL" --version; mpirun --version | head -1; mpirun.mpich --version | grep -i "version" | head -1
+  "$PY" -c 'import torch; print("torch", torch.__version__)'
+} > "$OUT/env.txt" 2>&1
+
+# One file per xccl run, in the peers' format: rank 0's lines without the launcher's prefix.
+xccl_all() { # FILE NP [BENCH FLAGS...]
+  local file="$1" np="$2"; shift 2
+  : > "$file"
+  for c in $COLLS; do
+    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench "$c" --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format "$@" \
+      2>&1 | sed -n 's/^\[0\] //p' >> "$file"
+  done
+}
+
+for rep in $(seq 1 "$REPS"); do
+  echo "== repetition $rep  $(date +%T)"
+  "$PRIO" "$BIN/memcpy_bw" 256M 1.0 > "$OUT/memcpy_r$rep.txt" 2>&1
+  for np in $NPS; do
+    "$PRIO" "$PY" "$PEERS/gloo_allreduce.py" -n "$np" --sizes "$SIZES" --target-sec "$TARGET_SEC" \
+      > "$OUT/gloo_n${np}_r$rep.txt" 2>&1
+    "$PRIO" mpirun --allow-run-as-root --oversubscribe -np "$np" "$BIN/mpi_coll_ompi" -s "$SIZES" -t "$TARGET_SEC" \
+      > "$OUT/ompi_n${np}_r$rep.txt" 2>&1
+    "$PRIO" mpirun.mpich -np "$np" "$BIN/mpi_coll_mpich" -s "$SIZES" -t "$TARGET_SEC" \
+      > "$OUT/mpich_n${np}_r$rep.txt" 2>&1
+    xccl_all "$OUT/xccl_n${np}_r$rep.txt" "$np"
+    COLLS=all_reduce xccl_all "$OUT/xcclinplace_n${np}_r$rep.txt" "$np" --inplace
+  done
+done
+python3 "$HERE/summarize_shm.py" "$OUT" > "$OUT/summary.md"
+cat "$OUT/summary.md"
