@@ -250,7 +250,7 @@ fn parse_records(files: &[PathBuf]) -> xccl::Result<Vec<Record>> {
                 num(f[9], "bad root")?,
             );
             let seconds: f64 = f[10].parse().map_err(|_| bad("bad time"))?;
-            if hosts.len() != cores.len() || hosts.is_empty() || !(seconds > 0.0) {
+            if hosts.len() != cores.len() || hosts.is_empty() || !seconds.is_finite() || seconds <= 0.0 {
                 return Err(bad("inconsistent record"));
             }
             let hosts_used: std::collections::BTreeSet<usize> = hosts.iter().copied().collect();
