@@ -466,6 +466,13 @@ impl Control {
     }
 }
 
+/// Messages up to this many bytes, over memory links, may take the express lane.
+const EXPRESS_MAX: usize = 4096;
+
+/// Looks the express lane makes at links that have nothing for it before it hands the step
+/// to the general loop, which spins some more and then sleeps.
+const EXPRESS_POLLS: u32 = 2000;
+
 /// Bytes pulled per copy when combining: staged in L2, then reduced.
 const PULL_CHUNK: usize = 256 << 10;
 
@@ -504,6 +511,8 @@ pub(crate) struct Engine {
     links: Links,
     /// Largest frame payload per peer, as its link prefers.
     seg: Vec<usize>,
+    /// Per peer: whether the link is a memory link.
+    memory: Vec<bool>,
     /// Per peer: whether and how this rank can read its memory.
     pull_from: Vec<Option<Pull>>,
     /// Per peer: whether it can read this rank's memory.
@@ -579,8 +588,10 @@ impl Engine {
         let seg = (0..nranks).map(|p| links.link(p).map_or(0, |l| l.max_frame())).collect();
         let pull_from = (0..nranks).map(|p| links.link(p).ok().and_then(|l| l.pull_from_peer())).collect();
         let pulled_by = (0..nranks).map(|p| links.link(p).is_ok_and(|l| l.peer_pulls())).collect();
+        let memory = (0..nranks).map(|p| links.link(p).is_ok_and(|l| l.fd().is_none())).collect();
         Engine {
             seg,
+            memory,
             pull_from,
             pulled_by,
             acks: (0..nranks).map(|_| VecDeque::new()).collect(),
@@ -789,16 +800,163 @@ impl Engine {
         for (s, step) in steps.iter().enumerate() {
             let mut run = StepRun::new(Ctx::Coll { desc, step: s as u32 }, self.nranks, self.take_bufs());
             run.load(step, span);
-            self.run_step(&mut run, None)?;
+            if self.express(&run) {
+                self.run_express(&mut run)?;
+            } else {
+                self.run_step(&mut run, None)?;
+            }
             self.spare = run.into_bufs();
         }
-        if let (Some(op), Some(r)) = (desc.op, plan.result) {
+        // Only an average needs a last pass over the result.
+        if let (Some(op @ ReduceOp::Avg), Some(r)) = (desc.op, plan.result) {
             let sp = span(&r);
             // SAFETY: the region is inside its buffer (see `span`) and every task of the
             // program has finished, so nothing else views this memory.
             reduce::finalize(desc.dtype, op, unsafe { sp.bytes_mut(0, sp.len) }, self.nranks)?;
         }
         Ok(())
+    }
+
+    /// Whether a step may take the express lane: every message of it is small, goes over a
+    /// memory link and fits in one frame, and those links have nothing in flight.
+    fn express(&self, run: &StepRun<'_>) -> bool {
+        run.touched.iter().all(|&p| {
+            self.memory[p]
+                && matches!(self.inbound[p], Inbound::Idle)
+                && self.out[p].is_none()
+                && self.acks[p].is_empty()
+        }) && run.tasks.iter().all(|t| match t.act {
+            Act::Send { peer } | Act::Recv { peer, .. } => {
+                t.span.len <= EXPRESS_MAX && t.span.len < self.tuning.pull_min && t.span.len <= self.seg[peer]
+            }
+            Act::Copy { .. } => true,
+        })
+    }
+
+    /// Runs a step of small messages on memory links without the general loop's machinery:
+    /// an operation goes as soon as what it follows is complete, a frame is written only
+    /// when the ring takes it whole and read only when it has arrived whole, and it is
+    /// placed straight from the ring. Anything else (a frame that is not the one expected,
+    /// a full ring, a wait longer than a moment) hands the step, as it stands, to
+    /// [`Engine::run_step`], which checks, waits and reports exactly as for any step.
+    fn run_express(&mut self, run: &mut StepRun<'_>) -> Result<()> {
+        // With more ranks than cores, looking again only keeps the awaited rank off the core.
+        let patience = if self.links.spin_budget().is_zero() { 0 } else { EXPRESS_POLLS };
+        let mut polls = 0u32;
+        loop {
+            let mut progress = false;
+            let mut done = true;
+            for i in 0..run.tasks.len() {
+                if run.tasks[i].complete {
+                    continue;
+                }
+                done = false;
+                if run.limit(i) < run.tasks[i].span.len {
+                    continue;
+                }
+                let moved = match run.tasks[i].act {
+                    Act::Send { peer } => self.express_send(run, i, peer)?,
+                    Act::Recv { peer, .. } => match self.express_recv(run, i, peer)? {
+                        Some(moved) => moved,
+                        None => return self.run_step(run, None),
+                    },
+                    Act::Copy { src } => {
+                        let t = &mut run.tasks[i];
+                        // SAFETY: both regions lie in the operation's buffers and do not overlap
+                        // (checked when the step was compiled); everything this copy follows
+                        // is complete, so no other view of them is alive.
+                        unsafe { t.span.bytes_mut(0, t.span.len).copy_from_slice(src.bytes(0, src.len)) };
+                        true
+                    }
+                };
+                if moved {
+                    let t = &mut run.tasks[i];
+                    (t.sent, t.done, t.complete) = (t.span.len, t.span.len, true);
+                    progress = true;
+                }
+            }
+            if done {
+                return Ok(());
+            }
+            if !progress {
+                polls += 1;
+                if polls > patience {
+                    return self.run_step(run, None);
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Writes send task `i` to `peer` as one frame if the ring takes it whole (and the
+    /// messages to `peer` before it have gone: they pair up with receives in order).
+    fn express_send(&mut self, run: &StepRun<'_>, i: usize, peer: usize) -> Result<bool> {
+        if run.next_send(peer) != Some(i) {
+            return Ok(false);
+        }
+        let f = self.frame_for(run, i, run.tasks[i].span.len, false);
+        let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+        if !link.room_for(f.total()) {
+            return Ok(false);
+        }
+        let pad = [0u8; 8];
+        let (parts, n) = f.rest(&pad);
+        let wrote = link.write(&parts[..n]).map_err(|e| lost(run.op(), peer, e))?;
+        if wrote != f.total() {
+            return Err(Error::Internal(format!(
+                "{}: a ring took {wrote} of a {}-byte frame",
+                run.op(),
+                f.total()
+            )));
+        }
+        Ok(true)
+    }
+
+    /// Reads receive task `i`'s frame from `peer` if it has arrived whole and is the one
+    /// expected: `Some(true)` when placed, `Some(false)` when not there yet, `None` when the
+    /// general loop must take over (the header read is then in `inbound`).
+    fn express_recv(&mut self, run: &mut StepRun<'_>, i: usize, peer: usize) -> Result<Option<bool>> {
+        let len = run.tasks[i].span.len;
+        if run.next_recv(peer) != Some(i) {
+            return Ok(Some(false));
+        }
+        let whole = HEADER_LEN + len + frame::pad_for(len);
+        let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+        if !link.holds(whole) {
+            return Ok(Some(false));
+        }
+        let mut buf = [0u8; HEADER_LEN];
+        let n = link.read(&mut buf).map_err(|e| lost(run.op(), peer, e))?;
+        if n != HEADER_LEN {
+            return Err(Error::Internal(format!(
+                "{}: a ring held {n} of {HEADER_LEN} header bytes",
+                run.op()
+            )));
+        }
+        let expected = Header::decode(&buf).ok().filter(|h| {
+            h.kind == FrameKind::Data
+                && h.comm == self.comm
+                && h.len as usize == len
+                && h.total as usize == len
+        });
+        let Some(h) = expected else {
+            self.inbound[peer] = self.on_header(run, peer, &buf)?;
+            return Ok(None);
+        };
+        if self.coll_target(run, peer, &h)? != i {
+            self.inbound[peer] = self.on_header(run, peer, &buf)?;
+            return Ok(None);
+        }
+        let n = self.read_payload(run, peer, Target::Task(i), len)?;
+        let pad = frame::pad_for(len);
+        let mut sink = [0u8; 8];
+        let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+        let padded =
+            if pad > 0 { link.read(&mut sink[..pad]).map_err(|e| lost(run.op(), peer, e))? } else { 0 };
+        if n != len || padded != pad {
+            return Err(Error::Internal(format!("{}: a ring held part of a frame it had whole", run.op())));
+        }
+        Ok(Some(true))
     }
 
     /// The step buffers kept from the last step (empty after a failed one).

@@ -93,6 +93,17 @@ pub(crate) trait Link: Send {
     /// The largest payload worth putting in one frame on this link.
     fn max_frame(&self) -> usize;
 
+    /// Whether a write of `bytes` would be taken whole right now. Only memory links can tell
+    /// without a system call; the others always say no.
+    fn room_for(&mut self, _bytes: usize) -> bool {
+        false
+    }
+
+    /// Whether `bytes` are readable right now (memory links; the others always say no).
+    fn holds(&mut self, _bytes: usize) -> bool {
+        false
+    }
+
     /// Whether, and how, this rank can read the peer's memory directly.
     fn pull_from_peer(&self) -> Option<pull::Pull> {
         None
