@@ -575,6 +575,32 @@ impl Ctx<'_> {
     }
 }
 
+/// Results at least this large are written around the caches (see
+/// [`reduce::combine_into_uncached`]): they cannot stay cached until they are read again.
+const UNCACHED_MIN: usize = 16 << 20;
+
+/// Combines `piece`, received for bytes `at..` of the receive into `dst`, with the same bytes
+/// of `with` (which may be `dst` itself).
+///
+/// # Safety
+/// `at + piece.len()` must lie within `dst` and `with` (of equal length), and no other view
+/// of those bytes of `dst` may be alive.
+unsafe fn fold(dtype: DType, op: ReduceOp, dst: Span, with: Span, at: usize, piece: &[u8]) -> Result<()> {
+    let end = at + piece.len();
+    // SAFETY: forwarded to the caller.
+    let out = unsafe { dst.bytes_mut(at, end) };
+    if with.ptr == dst.ptr {
+        return reduce::combine(dtype, op, out, piece);
+    }
+    // SAFETY: as above; `with` is a different buffer, only read.
+    let with = unsafe { with.bytes(at, end) };
+    if dst.len >= UNCACHED_MIN {
+        reduce::combine_into_uncached(dtype, op, out, with, piece)
+    } else {
+        reduce::combine_into(dtype, op, out, with, piece)
+    }
+}
+
 /// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
 fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<PeerAborted>()) {
@@ -1515,19 +1541,7 @@ impl Engine {
                         unsafe { pull::copy(from, addr, stage) }.map_err(fail)?;
                         // SAFETY: [done, done + n) lies in the destination (n <= limit - done)
                         // and, by the ordering rule, no other view of it is alive.
-                        unsafe {
-                            if with.ptr == dst.ptr {
-                                reduce::combine(dtype, rop, dst.bytes_mut(done, done + n), stage)?;
-                            } else {
-                                reduce::combine_into(
-                                    dtype,
-                                    rop,
-                                    dst.bytes_mut(done, done + n),
-                                    with.bytes(done, done + n),
-                                    stage,
-                                )?;
-                            }
-                        }
+                        unsafe { fold(dtype, rop, dst, with, done, stage) }?;
                     }
                     _ => {
                         // SAFETY: as above; the pull writes only the destination range.
@@ -1644,19 +1658,7 @@ impl Engine {
                                 // SAFETY: [at, end) lies in the destination (end <= done +
                                 // allowed <= span.len) and, by the ordering rule, no other view
                                 // of it is alive; `with` has the same length as `dst`.
-                                let res = unsafe {
-                                    if with.ptr == dst.ptr {
-                                        reduce::combine(dtype, rop, dst.bytes_mut(at, end), piece)
-                                    } else {
-                                        reduce::combine_into(
-                                            dtype,
-                                            rop,
-                                            dst.bytes_mut(at, end),
-                                            with.bytes(at, end),
-                                            piece,
-                                        )
-                                    }
-                                };
+                                let res = unsafe { fold(dtype, rop, dst, with, at, piece) };
                                 if let Err(e) = res {
                                     failure.get_or_insert(e);
                                 }

@@ -271,6 +271,64 @@ pub(crate) fn combine_into(dtype: DType, op: ReduceOp, dst: &mut [u8], a: &[u8],
     Ok(())
 }
 
+/// `dst = a ⊕ b` like [`combine_into`], but writing `dst` around the caches: for results much
+/// larger than the caches, whose cache lines would only be fetched to be overwritten and then
+/// evict data still needed. Computes a tile at a time in L1 and streams it out with
+/// non-temporal stores; the stores are fenced before returning, so whatever is written after
+/// (an acknowledgement to a peer that will read `dst`) is ordered after them. Elsewhere than
+/// on x86-64 it is [`combine_into`].
+pub(crate) fn combine_into_uncached(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if dst.len() != a.len() || dst.len() != b.len() {
+            return combine_into(dtype, op, dst, a, b);
+        }
+        const TILE: usize = 4096;
+        let mut tile = [0u64; TILE / 8];
+        let mut at = 0;
+        while at < dst.len() {
+            let n = TILE.min(dst.len() - at);
+            let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n];
+            combine_into(dtype, op, t, &a[at..at + n], &b[at..at + n])?;
+            stream_copy(&mut dst[at..at + n], t);
+            at += n;
+        }
+        // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
+        unsafe { std::arch::x86_64::_mm_sfence() };
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    combine_into(dtype, op, dst, a, b)
+}
+
+/// Copies `src` to `dst` (the same length) with non-temporal stores where `dst` is 16-byte
+/// aligned, plain copies for the unaligned ends.
+#[cfg(target_arch = "x86_64")]
+fn stream_copy(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = dst.as_ptr().align_offset(16).min(dst.len());
+    dst[..head].copy_from_slice(&src[..head]);
+    let body = (dst.len() - head) / 16 * 16;
+    for k in (head..head + body).step_by(16) {
+        // SAFETY: `k + 16 <= head + body <= len` for both slices; `dst + k` is 16-byte aligned
+        // (`head` aligns it and `k - head` is a multiple of 16), as the streaming store needs;
+        // the load takes any alignment.
+        unsafe {
+            _mm_stream_si128(
+                dst.as_mut_ptr().add(k).cast::<__m128i>(),
+                _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>()),
+            );
+        }
+    }
+    dst[head + body..].copy_from_slice(&src[head + body..]);
+}
+
 /// Applies the final step of `op` to a fully combined result (`Avg` divides by `nranks`).
 pub(crate) fn finalize(dtype: DType, op: ReduceOp, buf: &mut [u8], nranks: usize) -> Result<()> {
     by_dtype!(dtype, T => finalize_typed::<T>(op, typed_mut(buf)?, nranks));
@@ -339,6 +397,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d, [1.5, 4.0, 3.0]);
+    }
+
+    #[test]
+    fn uncached_combination_equals_the_plain_one_at_any_alignment() {
+        let a: Vec<u32> = (0..10_000).map(|i| i * 7 + 1).collect();
+        let b: Vec<u32> = (0..10_000).map(|i| i ^ 0x55).collect();
+        let (ab, bb) = (bytemuck::cast_slice::<u32, u8>(&a), bytemuck::cast_slice::<u32, u8>(&b));
+        for skip in [0usize, 1, 3, 4] {
+            let len = ab.len() - 4 * skip;
+            let mut want = vec![0u32; 10_000];
+            let mut got = vec![0u32; 10_000];
+            let (w, g) = (
+                bytemuck::cast_slice_mut::<u32, u8>(&mut want),
+                bytemuck::cast_slice_mut::<u32, u8>(&mut got),
+            );
+            combine_into(DType::U32, ReduceOp::Sum, &mut w[4 * skip..], &ab[..len], &bb[..len]).unwrap();
+            combine_into_uncached(DType::U32, ReduceOp::Sum, &mut g[4 * skip..], &ab[..len], &bb[..len])
+                .unwrap();
+            assert_eq!(want, got, "offset {skip} elements");
+        }
     }
 
     #[test]
