@@ -23,7 +23,7 @@ use crate::frame::{self, ACK_LEN, CollKind, FrameKind, HEADER_LEN, Header, OpDes
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Buf, Op, Program, Region};
 use crate::transport::pull::{self, Pull};
-use crate::transport::{Closed, Farewell, Interest, Links, PeerAborted};
+use crate::transport::{Closed, Farewell, Interest, Links, PeerAborted, Polling};
 
 /// The caller's buffers of one collective, as raw byte ranges.
 ///
@@ -867,7 +867,10 @@ impl Engine {
     /// [`Engine::run_step`], which checks, waits and reports exactly as for any step.
     fn run_express(&mut self, run: &mut StepRun<'_>) -> Result<()> {
         // With more ranks than cores, looking again only keeps the awaited rank off the core.
-        let patience = if self.links.spin_budget().is_zero() { 0 } else { EXPRESS_POLLS };
+        let patience = match self.links.polling() {
+            Some(Polling::Spin(_)) => EXPRESS_POLLS,
+            _ => 0,
+        };
         let mut polls = 0u32;
         loop {
             let mut progress = false;
@@ -1010,7 +1013,7 @@ impl Engine {
         // When the step last stopped moving, and how many idle passes it has polled since.
         let mut idle_since: Option<Instant> = None;
         let mut polls = 0u32;
-        let spin = self.links.spin_budget();
+        let polling = self.links.polling();
         loop {
             let mut progress = false;
             if let Some(feed) = feed.as_deref_mut() {
@@ -1051,12 +1054,21 @@ impl Engine {
             // Poll memory links for a while: a peer that is about to answer is cheaper to
             // catch by looking than by sleeping and being woken (the clock is read only
             // every 64 looks).
-            if !spin.is_zero() {
-                polls += 1;
-                std::hint::spin_loop();
-                if polls % 64 != 0 || idle.elapsed() < spin + run.copy_wait() {
-                    continue;
+            match polling {
+                Some(Polling::Spin(spin)) => {
+                    polls += 1;
+                    std::hint::spin_loop();
+                    if polls % 64 != 0 || idle.elapsed() < spin + run.copy_wait() {
+                        continue;
+                    }
                 }
+                Some(Polling::Yield(budget)) => {
+                    std::thread::yield_now();
+                    if idle.elapsed() < budget + run.copy_wait() {
+                        continue;
+                    }
+                }
+                None => {}
             }
             let want = self.interest(run);
             if want.iter().all(|w| !w.read && !w.write) {

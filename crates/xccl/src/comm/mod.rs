@@ -24,7 +24,7 @@ use crate::schedule::{Buf, Region};
 use crate::stream::{JobOp, Stream};
 use crate::transport::local::{self, LocalMesh};
 use crate::transport::shm::{self, ShmSegment};
-use crate::transport::{Links, Memory, spin_for};
+use crate::transport::{Links, Memory, polling_for};
 use crate::work::{Completion, Event, OpSpan, Work};
 
 /// A group of ranks that run collectives together.
@@ -100,7 +100,7 @@ impl TcpFabric {
                     procs.push((q, i, self.pids[members[q]]));
                 }
             }
-            memory = Some(Memory { host: seg, me, spin: spin_for(local.len()), procs });
+            memory = Some(Memory { host: seg, me, polling: polling_for(local.len()), procs });
         }
         Links::new(rank, links, memory).map_err(|e| Error::io("setting up links", e))
     }

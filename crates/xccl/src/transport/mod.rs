@@ -157,15 +157,27 @@ impl Waker {
     }
 }
 
-/// How long a blocked memory-link waiter keeps polling before it sleeps, when every rank
-/// on the host can have a core of its own; with more ranks than cores it sleeps at once, so
-/// that the rank it waits for gets the core.
+/// How a rank blocked on memory links polls them before it sleeps on its doorbell.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Polling {
+    /// Every rank of the host has a core of its own: look again and again, for this long.
+    Spin(Duration),
+    /// More ranks than cores: give the core away between looks (the rank waited for may be
+    /// the one that gets it), for this long. Being woken from a sleep instead would wait for
+    /// the scheduler to preempt whoever holds the core.
+    Yield(Duration),
+}
+
+/// How long a blocked memory-link waiter spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// The spin budget for `ranks` ranks sharing this host.
-pub(crate) fn spin_for(ranks: usize) -> Duration {
+/// How long a blocked memory-link waiter on a crowded host yields before it sleeps.
+const YIELD: Duration = Duration::from_millis(1);
+
+/// How `ranks` ranks sharing this host poll.
+pub(crate) fn polling_for(ranks: usize) -> Polling {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    if ranks <= cores { SPIN } else { Duration::ZERO }
+    if ranks <= cores { Polling::Spin(SPIN) } else { Polling::Yield(YIELD) }
 }
 
 /// How often a rank sleeping on memory links looks whether their processes still exist.
@@ -177,8 +189,8 @@ pub(crate) struct Memory {
     pub host: Arc<dyn RingHost>,
     /// This rank's index in `host`.
     pub me: usize,
-    /// How long to poll before sleeping.
-    pub spin: Duration,
+    /// How to poll before sleeping.
+    pub polling: Polling,
     /// Processes behind memory links (shared memory): (rank, index in `host`, pid).
     pub procs: Vec<(usize, usize, i32)>,
 }
@@ -309,12 +321,12 @@ impl Links {
         })
     }
 
-    /// How long to poll the links before sleeping: only memory links are worth polling
-    /// (a socket costs a system call per look).
-    pub fn spin_budget(&self) -> Duration {
+    /// How to poll the links before sleeping, if at all: only memory links are worth
+    /// polling (a socket costs a system call per look).
+    pub fn polling(&self) -> Option<Polling> {
         match (&self.memory, &self.event) {
-            (Some(m), None) => m.spin,
-            _ => Duration::ZERO,
+            (Some(m), None) => Some(m.polling),
+            _ => None,
         }
     }
 
