@@ -50,6 +50,9 @@ struct MeasureArgs {
     /// Seconds each timed loop should last.
     #[arg(long, default_value_t = 0.2)]
     target_sec: f64,
+    /// Measurements of each case; the record keeps their median.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
     /// Run this many ranks as threads of this process instead of joining a launched job.
     #[arg(long)]
     local: Option<usize>,
@@ -149,13 +152,21 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             config.algos.set(kind, algo)?;
             let forced = c.dup_with(config)?;
             for &bytes in sizes {
-                let (row, per_rank) = bench::measure::<f32>(&forced, &bargs, bytes)?;
-                if row.wrong > 0 {
-                    return Err(xccl::Error::Internal(format!(
-                        "{kind} by {algo}: {} wrong values",
-                        row.wrong
-                    )));
+                let mut times = Vec::new();
+                let mut per_rank = 0;
+                for _ in 0..args.reps.max(1) {
+                    let (row, count) = bench::measure::<f32>(&forced, &bargs, bytes)?;
+                    if row.wrong > 0 {
+                        return Err(xccl::Error::Internal(format!(
+                            "{kind} by {algo}: {} wrong values",
+                            row.wrong
+                        )));
+                    }
+                    times.push(row.tavg);
+                    per_rank = count;
                 }
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
                 let _ = writeln!(
                     records,
                     "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{per_rank}\t4\t0\t{:.9e}",
@@ -166,7 +177,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
                     kind.name(),
                     algo,
                     bytes,
-                    row.tavg
+                    median
                 );
             }
         }

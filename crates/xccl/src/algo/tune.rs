@@ -13,8 +13,9 @@
 //! right too: its root pays for every child it feeds.
 //!
 //! A host with more ranks than cores runs them in turns: a rank's time in a step is
-//! multiplied by the host's crowding (ranks per core), and every step costs a hand-off of
-//! the core (`switch`), so with crowded hosts algorithms with fewer steps win.
+//! multiplied by the host's crowding (ranks per core), and every message it waits for costs a
+//! hand-off of the core (`switch`), so with crowded hosts algorithms whose ranks wait for
+//! fewer messages win.
 //!
 //! Everything the prediction uses (the collective, its size, the ranks and which of them
 //! share a host, the constants) is the same on every rank, never a rank-local timing, so all
@@ -91,7 +92,8 @@ pub struct CostModel {
     pub shm: LinkCost,
     /// TCP.
     pub tcp: LinkCost,
-    /// Seconds a step costs on a crowded host (more ranks than cores) for handing cores over.
+    /// Seconds each message a rank waits for costs on a crowded host (more ranks than cores),
+    /// for handing the core over to its sender.
     pub switch: f64,
 }
 
@@ -235,7 +237,7 @@ fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) 
         let mut host_in = vec![0.0f64; nhosts];
         for (r, p) in programs.iter().enumerate() {
             let Some(step) = p.steps.get(s) else { continue };
-            let (mut msgs, mut out, mut inn, mut work) = (0.0, 0.0, 0.0, 0.0);
+            let (mut msgs, mut out, mut inn, mut work, mut waits) = (0.0, 0.0, 0.0, 0.0, 0.0);
             for op in &step.ops {
                 match *op {
                     Op::Send { peer, src } => {
@@ -250,6 +252,7 @@ fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) 
                     }
                     Op::Recv { peer, dst, with } => {
                         let bytes = (dst.len * esize) as f64;
+                        waits += 1.0;
                         if topo.hosts[r] == topo.hosts[peer] {
                             inn += bytes * model.of(topo.class(r, peer)).beta;
                         } else {
@@ -263,7 +266,7 @@ fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) 
                 }
             }
             let crowd = crowding[r];
-            let handoff = if crowd > 1.0 { model.switch } else { 0.0 };
+            let handoff = if crowd > 1.0 { model.switch * waits } else { 0.0 };
             slowest = slowest.max((msgs + f64::max(out, inn) + work) * crowd + handoff);
         }
         let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
@@ -413,16 +416,22 @@ mod tests {
     }
 
     #[test]
-    fn crowded_hosts_prefer_fewer_steps() {
-        // Eight ranks on two cores: every step of a ring waits for time slices, so the two
-        // steps of the direct exchange beat the ring's fourteen for large messages too.
+    fn crowded_hosts_prefer_fewer_waits() {
+        // Eight ranks on two cores: every message a rank waits for costs a turn on a core, so
+        // the pick waits for fewer messages than the ring's fourteen, and the ring itself is
+        // predicted slower than with a core per rank.
         let m = CostModel::default();
-        let roomy = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(4 << 20), 4).unwrap();
+        let count = Shape::Count(16 << 10);
         let crowded = Topology::one_host(8, 2, LinkClass::Shm);
-        let c = rank(&m, &crowded, CollKind::AllReduce, 0, &Shape::Count(4 << 20), 4).unwrap();
-        let steps =
-            |a| build(CollKind::AllReduce, a, 0, &[0; 8], 0, &Shape::Count(4 << 20)).unwrap().steps.len();
-        assert!(steps(c.algo) < steps(roomy.algo), "crowded {c}, roomy {roomy}");
+        let c = rank(&m, &crowded, CollKind::AllReduce, 0, &count, 4).unwrap();
+        let waits = |a| {
+            let p = build(CollKind::AllReduce, a, 0, &[0; 8], 0, &count).unwrap();
+            p.steps.iter().flat_map(|s| &s.ops).filter(|o| matches!(o, Op::Recv { .. })).count()
+        };
+        assert_eq!(waits(Algorithm::Ring), 14);
+        assert!(waits(c.algo) < 14, "crowded {c}");
+        let ring = |t: &Topology| predict(&m, t, CollKind::AllReduce, Algorithm::Ring, 0, &count, 4).unwrap();
+        assert!(ring(&crowded) > 2.0 * ring(&topo(8)));
     }
 
     #[test]
