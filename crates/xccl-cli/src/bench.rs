@@ -224,7 +224,7 @@ fn bench_rank(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Resu
 /// every 35 elements.
 fn val<T: Element>(op: ReduceOp, rank: usize, i: usize) -> T {
     let v = match op {
-        ReduceOp::Prod => 1 + usize::from((rank + i) % 5 == 0),
+        ReduceOp::Prod => 1 + usize::from((rank + i).is_multiple_of(5)),
         _ => (rank * 3 + i) % 7,
     };
     T::from_f64(v as f64)

@@ -1,9 +1,11 @@
-//! The `xccl` command: `run` launches ranks, `bench` measures collectives, `demo` runs and
-//! checks every collective on local ranks.
+//! The `xccl` command: `train` trains a model with data parallelism on local ranks (the main
+//! job), `run` launches ranks, `bench` measures collectives, `demo` runs and checks every
+//! collective on local ranks, `verify` proves the algorithms correct.
 
 mod bench;
 mod demo;
 mod run;
+mod train;
 mod verify;
 
 use std::process::ExitCode;
@@ -20,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train a model with data parallelism on local ranks (the main job).
+    Train(Box<train::TrainArgs>),
     /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`.
     Run(run::RunArgs),
     /// Measure a collective, nccl-tests style (under `xccl run`, or with --local N).
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Train(args) => train::run(&args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => match bench::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
