@@ -51,7 +51,7 @@ pub enum ModelArg {
 /// Optimiser.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptimArg {
-    /// AdamW (default learning rate 3e-3).
+    /// AdamW (default learning rate 1e-3).
     Adamw,
     /// SGD with momentum 0.9 (default learning rate 0.1).
     Sgd,
@@ -76,7 +76,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub dedicated_servers: bool,
     /// Training steps (a resumed run continues up to this step).
-    #[arg(long, default_value_t = 2400)]
+    #[arg(long, default_value_t = 2500)]
     pub steps: u64,
     /// Sequences per global step, over all ranks and micro-batches.
     #[arg(long, default_value_t = 64)]
@@ -105,7 +105,7 @@ pub struct TrainArgs {
     /// Optimiser.
     #[arg(long, value_enum, default_value_t = OptimArg::Adamw)]
     pub optim: OptimArg,
-    /// Learning rate [default: 3e-3 for adamw, 0.1 for sgd].
+    /// Learning rate [default: 1e-3 for adamw, 0.1 for sgd].
     #[arg(long)]
     pub lr: Option<f64>,
     /// Train on this UTF-8 text file instead of the embedded addition task.
@@ -186,7 +186,7 @@ impl TrainArgs {
             xccl_train::ps::Roles::new(self.dp, &p).map_err(|e| e.to_string())?;
         }
         let optim = match self.optim {
-            OptimArg::Adamw => OptimConfig::adamw(self.lr.unwrap_or(3e-3)),
+            OptimArg::Adamw => OptimConfig::adamw(self.lr.unwrap_or(1e-3)),
             OptimArg::Sgd => OptimConfig::sgd(self.lr.unwrap_or(0.1)),
         };
         let model = ModelConfig {

@@ -2,11 +2,11 @@
 //! are made of.
 
 use candle_core::{DType, Device, Module, Tensor, Var};
-use candle_nn::Linear;
 use rand::SeedableRng;
 use rand::rngs::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
+use super::ops;
 use crate::error::{Error, Result};
 use crate::params::Param;
 
@@ -91,9 +91,8 @@ impl Init {
     }
 }
 
-/// Layer normalisation over the last dimension, in the differentiable form
-/// (`candle_nn::ops::layer_norm_slow`): candle's fused layer norm has no backward, and the
-/// parameters before it would silently get no gradient.
+/// Layer normalisation over the last dimension ([`ops::layer_norm`]: candle-nn's fused
+/// layer norm has no backward, and the parameters before it would silently get no gradient).
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     weight: Tensor,
@@ -102,7 +101,41 @@ pub struct LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        candle_nn::ops::layer_norm_slow(x, &self.weight, &self.bias, 1e-5)
+        ops::layer_norm(x, &self.weight, &self.bias)
+    }
+}
+
+/// A linear layer over the last dimension, `x W^T (+ b)`, as one matrix product of the
+/// flattened rows (no broadcast weight, whose gradient candle would have to reduce) and
+/// [`ops::bias_add`].
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[outputs, inputs]`.
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// The layer with `weight` (`[outputs, inputs]`) and an optional `bias` (`[outputs]`).
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight, bias }
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (outputs, inputs) = self.weight.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / inputs.max(1);
+        let y = x.reshape((rows, inputs))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => ops::bias_add(&y, b)?,
+            None => y,
+        };
+        if let Some(last) = dims.last_mut() {
+            *last = outputs;
+        }
+        y.reshape(dims)
     }
 }
 

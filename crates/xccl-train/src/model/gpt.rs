@@ -4,10 +4,10 @@
 //! Blocks: `embed`, `h00` … `hNN` (one per layer), `head` (final norm and output).
 
 use candle_core::{D, Module, Tensor};
-use candle_nn::Linear;
 
 use super::ModelConfig;
-use super::block::{Block, Init, LayerNorm, expect_ids};
+use super::block::{Block, Init, LayerNorm, Linear, expect_ids};
+use super::ops::gelu;
 use crate::error::{Error, Result};
 use crate::params::Param;
 
@@ -128,7 +128,7 @@ impl Block for Layer {
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let h = (x + self.attention(&self.ln1.forward(x)?)?)?;
-        let m = self.out.forward(&self.fc.forward(&self.ln2.forward(&h)?)?.gelu()?)?;
+        let m = self.out.forward(&gelu(&self.fc.forward(&self.ln2.forward(&h)?)?)?)?;
         h + m
     }
 
@@ -141,8 +141,8 @@ impl Block for Layer {
 /// logits `[rows, len, vocab]`.
 struct Head {
     norm: LayerNorm,
-    /// `[vocab, width]`: the token embedding when tied, else the head's own.
-    weight: Tensor,
+    /// Weight `[vocab, width]`: the token embedding when tied, else the head's own.
+    out: Linear,
     params: Vec<Param>,
     shared: Vec<Param>,
 }
@@ -160,7 +160,7 @@ impl Head {
                 (t, Vec::new())
             }
         };
-        Ok(Head { norm, weight, params, shared })
+        Ok(Head { norm, out: Linear::new(weight, None), params, shared })
     }
 }
 
@@ -170,8 +170,7 @@ impl Block for Head {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm.forward(x)?;
-        x.broadcast_matmul(&self.weight.t()?)
+        self.out.forward(&self.norm.forward(x)?)
     }
 
     fn params(&self) -> &[Param] {

@@ -5,10 +5,10 @@
 //! Blocks: `embed` (embedding and the causal window), `h00` … `hNN`, `head`.
 
 use candle_core::{Module, Tensor};
-use candle_nn::Linear;
 
 use super::ModelConfig;
-use super::block::{Block, Init, expect_ids};
+use super::block::{Block, Init, Linear, expect_ids};
+use super::ops::gelu;
 use crate::error::{Error, Result};
 use crate::params::Param;
 
@@ -89,7 +89,7 @@ impl Block for Hidden {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.linear.forward(x)?.gelu()
+        gelu(&self.linear.forward(x)?)
     }
 
     fn params(&self) -> &[Param] {

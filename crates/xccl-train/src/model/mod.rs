@@ -10,6 +10,7 @@
 pub mod block;
 pub mod gpt;
 pub mod mlp;
+pub mod ops;
 
 use candle_core::{D, Tensor, Var};
 
