@@ -104,6 +104,23 @@ pub struct Job {
     pub env: Vec<(String, String)>,
 }
 
+impl Job {
+    /// A job of `nproc` ranks on this machine only, named `name` in messages.
+    pub fn local(name: &'static str, nproc: usize, command: Vec<String>) -> Job {
+        Job {
+            name,
+            nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            node_rank: 0,
+            nnodes: 1,
+            grace: 5.0,
+            command,
+            env: Vec::new(),
+        }
+    }
+}
+
 impl From<RunArgs> for Job {
     fn from(a: RunArgs) -> Job {
         Job {

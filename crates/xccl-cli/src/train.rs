@@ -94,7 +94,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
     /// Features per token (GPT) or hidden units (MLP).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 128)]
     pub width: usize,
     /// Longest sequence the model takes [default: the sums' length, 64 for --data].
     #[arg(long)]
@@ -126,7 +126,7 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
-    /// Directory for the checkpoint, loss.svg and trace.json.
+    /// Directory for the checkpoint, loss.svg, trace.json and summary.json.
     #[arg(long, default_value = "out/train")]
     pub out: PathBuf,
     /// DDP: most megabytes (MiB) of gradient per bucket.
@@ -279,17 +279,7 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         task.seq_len(),
         config.steps
     );
-    let job = Job {
-        name: "xccl train",
-        nproc: args.dp,
-        master_addr: "127.0.0.1".into(),
-        master_port: 0,
-        node_rank: 0,
-        nnodes: 1,
-        grace: 5.0,
-        command,
-        env,
-    };
+    let job = Job { env, ..Job::local("xccl train", args.dp, command) };
     let screen = Arc::new(Screen::new(args.dp, config.steps));
     let code = run::launch(&job, screen.clone());
     screen.bar.finish_and_clear();
@@ -306,6 +296,11 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     match plot_losses(&svg, &title, &losses) {
         Ok(()) => println!("loss curve          {}", svg.display()),
         Err(e) => eprintln!("xccl train: cannot draw {}: {e}", svg.display()),
+    }
+    let json = args.out.join("summary.json");
+    match checkpoint::write_atomically(&json, summary.to_string().as_bytes()) {
+        Ok(()) => println!("summary             {}", json.display()),
+        Err(e) => eprintln!("xccl train: {e}"),
     }
     println!("trace (Perfetto)    {}", args.out.join("trace.json").display());
     println!("checkpoint          {}", args.out.join(FILE_NAME).display());

@@ -1,22 +1,17 @@
 //! Every parameter of every model receives a gradient, and backward block by block gives
 //! the gradients of one backward through the whole model.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use xccl_train::data::{Task, TaskConfig};
 use xccl_train::model::{self, Graph, Model, ModelConfig, ModelKind};
+use xccl_train::optim::OptimConfig;
 use xccl_train::trace::Trace;
 
 fn models() -> Vec<ModelConfig> {
-    let gpt = ModelConfig {
-        kind: ModelKind::Gpt,
-        vocab: 12,
-        context: 8,
-        width: 16,
-        layers: 2,
-        heads: 2,
-        tied: true,
-    };
+    let gpt = common::tiny(OptimConfig::sgd(0.1), common::ddp(), 1, 1, 1).model;
     vec![
         gpt.clone(),
         ModelConfig { tied: false, ..gpt.clone() },

@@ -52,6 +52,14 @@ fn row_len(name: &str, l: &Layout, len: Option<usize>) -> candle_core::Result<us
     }
 }
 
+/// Checks that inputs and gradients have as many elements.
+fn same_len(name: &str, x: &[f32], g: &[f32]) -> candle_core::Result<()> {
+    if x.len() != g.len() {
+        candle_core::bail!("{name}: {} inputs for {} gradients", x.len(), g.len());
+    }
+    Ok(())
+}
+
 fn f32s(v: Vec<f32>, shape: &Shape) -> (CpuStorage, Shape) {
     (CpuStorage::F32(v), shape.clone())
 }
@@ -95,9 +103,7 @@ impl CustomOp2 for GeluGrad {
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
-        if x.len() != g.len() {
-            candle_core::bail!("{}: {} inputs for {} gradients", self.name(), x.len(), g.len());
-        }
+        same_len(self.name(), x, g)?;
         // d/dx x·s(x) = s + x·s' with s = (1 + tanh u)/2, s' = 2·s·(1 - s)·du/dx.
         let out = x.iter().zip(g).map(|(&x, &g)| {
             let s = half_one_plus_tanh(x);
@@ -179,9 +185,7 @@ impl CustomOp3 for LayerNormGradInput {
         let (x, w, g) =
             (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?, values(self.name(), s3, l3)?);
         let c = row_len(self.name(), l1, Some(w.len()))?;
-        if g.len() != x.len() {
-            candle_core::bail!("{}: {} inputs for {} gradients", self.name(), x.len(), g.len());
-        }
+        same_len(self.name(), x, g)?;
         let mut dx = Vec::with_capacity(x.len());
         for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
             let (mean, rstd) = moments(row);
@@ -220,9 +224,7 @@ impl CustomOp2 for LayerNormGradParams {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         let c = row_len(self.name(), l1, None)?;
-        if g.len() != x.len() {
-            candle_core::bail!("{}: {} inputs for {} gradients", self.name(), x.len(), g.len());
-        }
+        same_len(self.name(), x, g)?;
         let mut out = vec![0.0f32; 2 * c];
         let (gw, gb) = out.split_at_mut(c);
         for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
