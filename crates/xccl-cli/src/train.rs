@@ -443,16 +443,18 @@ fn worker(args: &TrainArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Draws the loss curve as SVG (no font needed).
+/// Draws the loss curve as SVG (no font needed), loss on a log scale.
 fn plot_losses(path: &Path, title: &str, losses: &[(u64, f64)]) -> Result<(), String> {
     use plotters::prelude::*;
     let finite: Vec<(f64, f64)> =
-        losses.iter().filter(|(_, l)| l.is_finite()).map(|&(s, l)| (s as f64 + 1.0, l)).collect();
+        losses.iter().filter(|(_, l)| l.is_finite() && *l > 0.0).map(|&(s, l)| (s as f64 + 1.0, l)).collect();
     if finite.is_empty() {
         return Err("no loss to plot".into());
     }
     let max_x = finite.iter().map(|p| p.0).fold(1.0, f64::max);
-    let max_y = finite.iter().map(|p| p.1).fold(0.0, f64::max) * 1.05;
+    // Whole decades, so the log axis has labelled powers of ten.
+    let max_y = 10f64.powf(finite.iter().map(|p| p.1).fold(f64::MIN_POSITIVE, f64::max).log10().ceil());
+    let min_y = 10f64.powf(finite.iter().map(|p| p.1).fold(max_y, f64::min).log10().floor());
     let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -460,12 +462,12 @@ fn plot_losses(path: &Path, title: &str, losses: &[(u64, f64)]) -> Result<(), St
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(56)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_y.max(1e-6))
+        .build_cartesian_2d(0.0..max_x, (min_y..max_y).log_scale())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .x_desc("step")
-        .y_desc("loss (mean cross-entropy of target tokens)")
+        .y_desc("loss (mean cross-entropy of target tokens, log scale)")
         .draw()
         .map_err(|e| e.to_string())?;
     chart.draw_series(LineSeries::new(finite, &BLUE)).map_err(|e| e.to_string())?;

@@ -161,6 +161,8 @@ struct ShardLink {
 struct Worker {
     links: Vec<ShardLink>,
     params: Vec<f32>,
+    /// The staleness bound.
+    staleness: u64,
 }
 
 impl Worker {
@@ -396,6 +398,155 @@ impl Server {
     }
 }
 
+/// The communicators of one rank: per shard a push and a pull group (`None` where this
+/// rank is not a member), and the servers' group.
+struct Groups {
+    push: Vec<Option<Communicator>>,
+    pull: Vec<Option<Communicator>>,
+    servers: Option<Communicator>,
+}
+
+impl Groups {
+    /// Splits `world` collectively, in the same order on every rank.
+    fn split(world: &Communicator, roles: &Roles, shards: usize, record: bool) -> Result<Groups> {
+        let rank = world.rank();
+        let (mut push, mut pull) = (Vec::new(), Vec::new());
+        for j in 0..shards {
+            let member = roles.is_worker(rank) || rank == j;
+            // The server is rank 0 of its shard's groups.
+            let key = if rank == j { -1 } else { rank as i32 };
+            push.push(world.split(member.then_some(2 * j as u32), key)?);
+            pull.push(world.split(member.then_some(2 * j as u32 + 1), key)?);
+        }
+        let servers = world.split(roles.is_server(rank).then_some(u32::MAX), rank as i32)?;
+        let groups = Groups { push, pull, servers };
+        for c in groups.all() {
+            c.record_timeline(record);
+        }
+        Ok(groups)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Communicator> {
+        self.push.iter().chain(&self.pull).flatten().chain(&self.servers)
+    }
+
+    /// Shard `j`'s push and pull groups.
+    fn shard(&self, j: usize) -> Result<(Communicator, Communicator)> {
+        match (&self.push[j], &self.pull[j]) {
+            (Some(p), Some(q)) => Ok((p.clone(), q.clone())),
+            _ => Err(Error::internal(format!("this rank is not in shard {j}'s groups"))),
+        }
+    }
+
+    /// Moves every group's operations into `trace`.
+    fn trace_into(&self, trace: &mut Trace) {
+        for (j, c) in self.push.iter().enumerate() {
+            if let Some(c) = c {
+                trace.add_ops(&format!("comm push {j}"), c.take_timeline());
+            }
+        }
+        for (j, c) in self.pull.iter().enumerate() {
+            if let Some(c) = c {
+                trace.add_ops(&format!("comm pull {j}"), c.take_timeline());
+            }
+        }
+        if let Some(s) = &self.servers {
+            trace.add_ops("comm servers", s.take_timeline());
+        }
+    }
+}
+
+/// The server of shard `rank` on a server rank, starting from `start`.
+fn server(cx: &Context, groups: &Groups, ranges: &[Range<usize>], start: &Start) -> Result<Option<Server>> {
+    let j = cx.world.rank();
+    let Some(servers) = &groups.servers else { return Ok(None) };
+    let range = ranges[j].clone();
+    let state = start.optimizer.state().iter().map(|s| s[range.clone()].to_vec()).collect();
+    let (push, pull) = groups.shard(j)?;
+    Ok(Some(Server {
+        shard: j,
+        params: start.params[range.clone()].to_vec(),
+        range,
+        optimizer: Optimizer::restore(*start.optimizer.config(), start.step, state)?,
+        input: Input::Own(push),
+        pull,
+        servers: servers.clone(),
+        publish: None,
+        losses: start.losses.clone(),
+        trace: Trace::new(format!("server {j}"), cx.config.trace),
+        stop: Arc::new(AtomicBool::new(false)),
+    }))
+}
+
+/// The worker of this rank: links to every shard. The shard this rank serves (if it
+/// does) is wired to `server` through a channel and a shared slot.
+fn worker(
+    groups: &Groups,
+    ranges: &[Range<usize>],
+    start: &Start,
+    staleness: u64,
+    mut server: Option<&mut Server>,
+) -> Result<Worker> {
+    let mut links = Vec::new();
+    for (j, range) in ranges.iter().enumerate() {
+        let (push, pull) = groups.shard(j)?;
+        let source = match server.as_deref_mut() {
+            Some(s) if s.shard == j => {
+                let slot = Arc::new(Published::new(start.step, start.params[range.clone()].to_vec()));
+                let (tx, rx) = channel();
+                s.input = Input::Channel(rx);
+                s.publish = Some(slot.clone());
+                Source::Local { slot, to_server: tx }
+            }
+            _ => Source::Remote { pull, pulls: VecDeque::new(), spare: Vec::new() },
+        };
+        let (pushes, losses) = (VecDeque::new(), VecDeque::new());
+        links.push(ShardLink { range: range.clone(), push, source, version: start.step, pushes, losses });
+    }
+    Ok(Worker { links, params: start.params.clone(), staleness })
+}
+
+/// The worker loop: clocks `first..steps` as worker `index` of `workers`, then the final
+/// version of every shard. Global losses arriving on `reports` go to the observer.
+fn work(
+    cx: &Context,
+    worker: &mut Worker,
+    (index, workers): (usize, usize),
+    first: u64,
+    trace: &mut Trace,
+    observer: &mut dyn Observer,
+    reports: &Receiver<(u64, f64)>,
+) -> Result<Vec<StepStat>> {
+    let shard_lens: Vec<usize> = worker.links.iter().map(|l| l.range.len()).collect();
+    let mut grads = Chunks::new(&shard_lens);
+    let mut stats = Vec::new();
+    for clock in first..cx.config.steps {
+        let t0 = Instant::now();
+        let need = clock.saturating_sub(worker.staleness);
+        let (version, waited) = worker.acquire(need, cx)?;
+        trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
+        let (share, norm) = cx.share(clock, index, workers);
+        let loss = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
+        worker.push(&mut grads, loss)?;
+        let stat = StepStat {
+            step: clock,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait: waited.as_secs_f64(),
+            version: Some(version),
+        };
+        observer.step(&stat);
+        stats.push(stat);
+        for (clock, loss) in reports.try_iter() {
+            observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
+        }
+    }
+    let t0 = Instant::now();
+    worker.acquire(cx.config.steps, cx)?;
+    worker.drain()?;
+    trace.record(Kind::Wait, "wait final version".into(), t0, Instant::now());
+    Ok(stats)
+}
+
 /// The parameter-server loop of one rank.
 pub(crate) fn run(
     cx: &Context,
@@ -405,134 +556,41 @@ pub(crate) fn run(
     observer: &mut dyn Observer,
 ) -> Result<Finish> {
     let world = cx.world;
-    let (rank, size) = (world.rank(), world.size());
-    let roles = Roles::new(size, &config)?;
-    let n = cx.model.params().len();
-    let ranges = shares(n, config.servers);
-    // Communicators, split collectively in the same order on every rank.
-    let mut push = Vec::new();
-    let mut pull = Vec::new();
-    for j in 0..config.servers {
-        let member = roles.is_worker(rank) || rank == j;
-        let key = if rank == j { -1 } else { rank as i32 };
-        push.push(world.split(member.then_some(2 * j as u32), key)?);
-        pull.push(world.split(member.then_some(2 * j as u32 + 1), key)?);
-    }
-    let servers = world.split(roles.is_server(rank).then_some(u32::MAX), rank as i32)?;
-    for c in push.iter().chain(&pull).flatten().chain(&servers) {
-        c.record_timeline(cx.config.trace);
-    }
-    let Start { step: first, params, optimizer, losses } = start;
-
-    let mut server = match (roles.is_server(rank), &servers) {
-        (true, Some(servers)) => {
-            let j = rank;
-            let range = ranges[j].clone();
-            let state = optimizer.state().iter().map(|s| s[range.clone()].to_vec()).collect();
-            let own_push = push[j].clone().ok_or_else(|| Error::internal("server outside its push group"))?;
-            let own_pull = pull[j].clone().ok_or_else(|| Error::internal("server outside its pull group"))?;
-            Some(Server {
-                shard: j,
-                params: params[range.clone()].to_vec(),
-                range,
-                optimizer: Optimizer::restore(*optimizer.config(), first, state)?,
-                input: Input::Own(own_push),
-                pull: own_pull,
-                servers: servers.clone(),
-                publish: None,
-                losses: losses.clone(),
-                trace: Trace::new(format!("server {j}"), cx.config.trace),
-                stop: Arc::new(AtomicBool::new(false)),
-            })
-        }
-        _ => None,
-    };
-
+    let rank = world.rank();
+    let roles = Roles::new(world.size(), &config)?;
+    let ranges = shares(cx.model.params().len(), config.servers);
+    let groups = Groups::split(world, &roles, config.servers, cx.config.trace)?;
+    let mut server = server(cx, &groups, &ranges, &start)?;
     let mut stats = Vec::new();
-    let mut final_params = params.clone();
-    let mut all_losses = Vec::new();
+    let mut final_params = start.params.clone();
     match (roles.worker_index(rank), server.as_mut()) {
         (None, Some(server)) => {
             // A dedicated server: serve on this thread.
-            server.run(cx, first, &mut |clock, loss| {
-                observer.loss(clock, loss, cx.started.elapsed().as_secs_f64())
+            let started = cx.started;
+            server.run(cx, start.step, &mut |clock, loss| {
+                observer.loss(clock, loss, started.elapsed().as_secs_f64())
             })?;
         }
         (Some(index), mut server) => {
+            let stop = server.as_ref().map(|s| s.stop.clone());
+            let mut worker = worker(&groups, &ranges, &start, config.staleness, server.as_deref_mut())?;
             let (to_report, reports) = channel();
-            let mut links = Vec::new();
-            for j in 0..config.servers {
-                let range = ranges[j].clone();
-                let (Some(p), Some(q)) = (push[j].clone(), pull[j].clone()) else {
-                    return Err(Error::internal("worker outside a shard's groups"));
-                };
-                let source = match server.as_deref_mut() {
-                    Some(s) if s.shard == j => {
-                        let slot = Arc::new(Published::new(first, params[range.clone()].to_vec()));
-                        let (tx, rx) = channel();
-                        s.input = Input::Channel(rx);
-                        s.publish = Some(slot.clone());
-                        Source::Local { slot, to_server: tx }
-                    }
-                    _ => Source::Remote { pull: q, pulls: VecDeque::new(), spare: Vec::new() },
-                };
-                links.push(ShardLink {
-                    range,
-                    push: p,
-                    source,
-                    version: first,
-                    pushes: VecDeque::new(),
-                    losses: VecDeque::new(),
-                });
-            }
-            let mut worker = Worker { links, params: params.clone() };
-            let stop = server.as_ref().map_or_else(|| Arc::new(AtomicBool::new(false)), |s| s.stop.clone());
-            let workers = roles.workers();
-            let result = std::thread::scope(|scope| -> Result<()> {
+            let first = start.step;
+            std::thread::scope(|scope| -> Result<()> {
                 let serving = server.map(|s| {
-                    let to_report = to_report.clone();
                     scope.spawn(move || {
                         s.run(cx, first, &mut |clock, loss| {
                             let _ = to_report.send((clock, loss));
                         })
                     })
                 });
-                drop(to_report);
-                let work = (|| -> Result<()> {
-                    let mut grads = Chunks::new(&ranges.iter().map(Range::len).collect::<Vec<_>>());
-                    for clock in first..cx.config.steps {
-                        let t0 = Instant::now();
-                        let (version, waited) = worker.acquire(clock.saturating_sub(config.staleness), cx)?;
-                        trace.record(
-                            Kind::Wait,
-                            format!("wait version {}", clock.saturating_sub(config.staleness)),
-                            t0,
-                            t0 + waited,
-                        );
-                        let (share, norm) = cx.share(clock, index, workers);
-                        let loss = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
-                        worker.push(&mut grads, loss)?;
-                        let stat = StepStat {
-                            step: clock,
-                            seconds: t0.elapsed().as_secs_f64(),
-                            wait: waited.as_secs_f64(),
-                            version: Some(version),
-                        };
-                        observer.step(&stat);
-                        stats.push(stat);
-                        for (clock, loss) in reports.try_iter() {
-                            observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
-                        }
+                let done = (index, roles.workers());
+                let worked = work(cx, &mut worker, done, first, trace, observer, &reports);
+                if worked.is_err() {
+                    // Tell the server thread to stop waiting for this worker's pushes.
+                    if let Some(stop) = &stop {
+                        stop.store(true, Ordering::Relaxed);
                     }
-                    let t0 = Instant::now();
-                    worker.acquire(cx.config.steps, cx)?;
-                    worker.drain()?;
-                    trace.record(Kind::Wait, "wait final version".into(), t0, Instant::now());
-                    Ok(())
-                })();
-                // On failure, tell the server thread to stop waiting for pushes.
-                if work.is_err() {
-                    stop.store(true, Ordering::Relaxed);
                     worker.links.clear();
                 }
                 let served = match serving {
@@ -542,33 +600,26 @@ pub(crate) fn run(
                 for (clock, loss) in reports.try_iter() {
                     observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
                 }
-                work.and(served)
-            });
-            result?;
+                stats = worked?;
+                served
+            })?;
             final_params = worker.params;
         }
         (None, None) => return Err(Error::internal("a rank that neither works nor serves")),
     }
+    let mut losses = Vec::new();
     if let Some(s) = server {
-        all_losses = s.losses;
+        losses = s.losses;
         trace.absorb(s.trace);
     }
     // Every rank ends with the final parameters: the first worker's, broadcast.
-    let first_worker = (0..size).find(|&r| roles.is_worker(r)).unwrap_or(0);
+    let first_worker = (0..world.size()).find(|&r| roles.is_worker(r)).unwrap_or(0);
     world.broadcast(&mut final_params, first_worker)?;
-    for (j, c) in push.iter().chain(&pull).enumerate() {
-        if let Some(c) = c {
-            let kind = if j < config.servers { "push" } else { "pull" };
-            trace.add_ops(&format!("comm {kind} {}", j % config.servers), c.take_timeline());
-        }
-    }
-    if let Some(s) = &servers {
-        trace.add_ops("comm servers", s.take_timeline());
-    }
+    groups.trace_into(trace);
     let role = match (roles.is_worker(rank), roles.is_server(rank)) {
         (true, true) => "worker+server",
         (true, false) => "worker",
         _ => "server",
     };
-    Ok(Finish { params: final_params, steps: stats, losses: all_losses, role })
+    Ok(Finish { params: final_params, steps: stats, losses, role })
 }
