@@ -525,7 +525,7 @@ fn work(
         let need = clock.saturating_sub(worker.staleness);
         let (version, waited) = worker.acquire(need, cx)?;
         trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
-        let (share, norm) = cx.share(clock, index, workers);
+        let (share, norm) = trace.span(|| "data".into(), || cx.share(clock, index, workers));
         let loss = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
         worker.push(&mut grads, loss)?;
         let stat = StepStat {

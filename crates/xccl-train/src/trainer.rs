@@ -382,14 +382,16 @@ fn run_ddp(
     let mut steps = Vec::new();
     for step in first..cx.config.steps {
         let t0 = Instant::now();
-        let (share, norm) = cx.share(step, world.rank(), world.size());
+        let (share, norm) = trace.span(|| "data".into(), || cx.share(step, world.rank(), world.size()));
         grads.zero();
         let local = cx.gradients(&share, norm, &mut grads, trace, |k, g| ddp.block_done(k, g))?;
         let w0 = Instant::now();
         let (loss, wait) = ddp.finish(&mut grads, local)?;
         trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
-        trace.span(|| "optimizer".into(), || optimizer.step(&mut params, &grads))?;
-        cx.model.params().write(&params)?;
+        trace.span(
+            || "optimizer".into(),
+            || optimizer.step(&mut params, &grads).and_then(|()| cx.model.params().write(&params)),
+        )?;
         let stat =
             StepStat { step, seconds: t0.elapsed().as_secs_f64(), wait: wait.as_secs_f64(), version: None };
         observer.step(&stat);

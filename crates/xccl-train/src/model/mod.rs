@@ -232,22 +232,27 @@ impl Model {
         let mut grad_out: Option<Tensor> = None;
         for k in (0..n).rev() {
             let name = self.blocks[k].name();
-            let store = trace.span(
+            // The span covers the block's backward and the hand-over of its gradients.
+            grad_out = trace.span(
                 || format!("bwd {name}"),
-                || match &grad_out {
-                    None => loss.backward(),
-                    Some(g) => (&fwd.outputs[k] * g)?.sum_all()?.backward(),
+                || -> Result<Option<Tensor>> {
+                    let store = match &grad_out {
+                        None => loss.backward(),
+                        Some(g) => (&fwd.outputs[k] * g)?.sum_all()?.backward(),
+                    }?;
+                    let below = match &fwd.inputs[k] {
+                        Some(input) if k > 0 => {
+                            Some(store.get(input.as_tensor()).cloned().ok_or_else(|| {
+                                Error::internal(format!("no gradient reached the input of block {name}"))
+                            })?)
+                        }
+                        None if k > 0 => return Err(Error::internal("blockwise input lost")),
+                        _ => None,
+                    };
+                    done(k, collect(&store, &self.used[k])?)?;
+                    Ok(below)
                 },
             )?;
-            let grads = collect(&store, &self.used[k])?;
-            if k > 0 {
-                let input = fwd.inputs[k].as_ref().ok_or_else(|| Error::internal("blockwise input lost"))?;
-                let g = store.get(input.as_tensor()).ok_or_else(|| {
-                    Error::internal(format!("no gradient reached the input of block {name}"))
-                })?;
-                grad_out = Some(g.clone());
-            }
-            done(k, grads)?;
         }
         Ok(())
     }
