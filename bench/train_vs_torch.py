@@ -164,8 +164,11 @@ def rank_main(rank, args, port):
         }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-        print(json.dumps(result))
-    dist.destroy_process_group()
+        print(json.dumps(result), flush=True)
+    dist.barrier()
+    # Gloo's threads sometimes abort the interpreter's teardown ("terminate called without
+    # an active exception"); the results are written, so leave without it.
+    os._exit(0)
 
 
 def main():
