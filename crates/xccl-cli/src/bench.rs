@@ -228,7 +228,7 @@ fn bench_rank(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Resu
 /// every 35 elements.
 fn val<T: Element>(op: ReduceOp, rank: usize, i: usize) -> T {
     let v = match op {
-        ReduceOp::Prod => 1 + usize::from((rank + i) % 5 == 0),
+        ReduceOp::Prod => 1 + usize::from((rank + i).is_multiple_of(5)),
         _ => (rank * 3 + i) % 7,
     };
     T::from_f64(v as f64)
@@ -523,20 +523,20 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
             ));
             measured.push((algo, row.tavg));
         }
-        if args.every_algo {
-            if let (Some(best), Some(pick)) = (
+        if args.every_algo
+            && let (Some(best), Some(pick)) = (
                 measured.iter().min_by(|a, b| a.1.total_cmp(&b.1)),
                 measured.iter().find(|(a, _)| a.ends_with('*')),
-            ) {
-                say(format!(
-                    "# tuner at {bytes} B: picked {} at {:.2} us, best {} at {:.2} us: {:.2}x the best",
-                    pick.0.trim_end_matches('*'),
-                    pick.1 * 1e6,
-                    best.0.trim_end_matches('*'),
-                    best.1 * 1e6,
-                    pick.1 / best.1
-                ));
-            }
+            )
+        {
+            say(format!(
+                "# tuner at {bytes} B: picked {} at {:.2} us, best {} at {:.2} us: {:.2}x the best",
+                pick.0.trim_end_matches('*'),
+                pick.1 * 1e6,
+                best.0.trim_end_matches('*'),
+                best.1 * 1e6,
+                pick.1 / best.1
+            ));
         }
     }
     say(format!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" }));

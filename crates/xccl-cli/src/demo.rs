@@ -2,12 +2,13 @@
 //! TCP, and prints a table. The quickest way to see that a machine can run xccl.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use xccl::{Communicator, DType, ReduceOp};
 
 use crate::bench::{self, BenchArgs, Coll};
-use crate::run::{self, RunArgs};
+use crate::run::{self, Job, Prefixed};
 
 /// Arguments of `xccl demo`.
 #[derive(clap::Args, Debug)]
@@ -34,16 +35,10 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             }
         };
         let command = vec![exe, "demo".into(), "--worker".into(), "--bytes".into(), args.bytes.to_string()];
-        let launch = RunArgs {
-            nproc: args.nproc,
-            master_addr: "127.0.0.1".into(),
-            master_port: 0,
-            node_rank: 0,
-            nnodes: 1,
-            grace: 5.0,
-            command,
-        };
-        return run::run(launch);
+        return run::launch(
+            &Job::local("xccl demo", args.nproc, command),
+            Arc::new(Prefixed::new(args.nproc)),
+        );
     }
     match worker(args.bytes) {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,9 +1,12 @@
-//! The `xccl` command: `run` launches ranks, `bench` measures collectives, `demo` runs and
-//! checks every collective on local ranks.
+//! The `xccl` command: `train` trains a model with data parallelism on local ranks (the main
+//! job), `run` launches ranks, `bench` measures collectives, `demo` runs and checks every
+//! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
+//! algorithm tuner.
 
 mod bench;
 mod demo;
 mod run;
+mod train;
 mod tune;
 mod verify;
 
@@ -21,6 +24,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train a model with data parallelism on local ranks (the main job).
+    Train(Box<train::TrainArgs>),
     /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`.
     Run(run::RunArgs),
     /// Measure a collective, nccl-tests style (under `xccl run`, or with --local N).
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Train(args) => train::run(&args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => match bench::run(&args) {
             Ok(()) => ExitCode::SUCCESS,

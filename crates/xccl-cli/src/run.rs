@@ -40,9 +40,101 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("xccl run: {msg}");
-    ExitCode::from(2)
+/// Where the ranks' output goes, line by line, and the launcher's own messages.
+pub trait Output: Send + Sync {
+    /// One line (ending in a newline) that `rank` wrote to its stdout or its stderr.
+    fn line(&self, rank: usize, stderr: bool, line: &[u8]);
+    /// A message of the launcher itself (a rank failed, the job was interrupted).
+    fn note(&self, msg: &str) {
+        eprintln!("{msg}");
+    }
+}
+
+/// The output of `xccl run`: each line prefixed with its rank, to the launcher's stdout or
+/// stderr.
+pub struct Prefixed {
+    width: usize,
+}
+
+impl Prefixed {
+    /// Prefixes wide enough for the ranks of a world of `world` ranks.
+    pub fn new(world: usize) -> Prefixed {
+        Prefixed { width: world.saturating_sub(1).to_string().len() }
+    }
+
+    /// `line` with `rank`'s prefix.
+    pub fn prefix(&self, rank: usize, line: &[u8]) -> Vec<u8> {
+        let mut out = format!("[{rank:>w$}] ", w = self.width).into_bytes();
+        out.extend_from_slice(line);
+        out
+    }
+}
+
+impl Output for Prefixed {
+    fn line(&self, rank: usize, stderr: bool, line: &[u8]) {
+        let line = self.prefix(rank, line);
+        let _ = if stderr {
+            std::io::stderr().lock().write_all(&line)
+        } else {
+            std::io::stdout().lock().write_all(&line)
+        };
+    }
+}
+
+/// A job of `nproc` ranks on this node, as `xccl run` and the commands built on it start it.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The name in the launcher's messages, e.g. `xccl run`.
+    pub name: &'static str,
+    /// Ranks (processes) on this node.
+    pub nproc: usize,
+    /// Address of node 0, where the store is served.
+    pub master_addr: String,
+    /// Port of the store (0: any free port; single node only).
+    pub master_port: u16,
+    /// This node's index among `nnodes`.
+    pub node_rank: usize,
+    /// Number of nodes.
+    pub nnodes: usize,
+    /// Seconds ranks get to exit after Ctrl-C or a failure before they are killed.
+    pub grace: f64,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// Variables set for every rank on top of the launcher's.
+    pub env: Vec<(String, String)>,
+}
+
+impl Job {
+    /// A job of `nproc` ranks on this machine only, named `name` in messages.
+    pub fn local(name: &'static str, nproc: usize, command: Vec<String>) -> Job {
+        Job {
+            name,
+            nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            node_rank: 0,
+            nnodes: 1,
+            grace: 5.0,
+            command,
+            env: Vec::new(),
+        }
+    }
+}
+
+impl From<RunArgs> for Job {
+    fn from(a: RunArgs) -> Job {
+        Job {
+            name: "xccl run",
+            nproc: a.nproc,
+            master_addr: a.master_addr,
+            master_port: a.master_port,
+            node_rank: a.node_rank,
+            nnodes: a.nnodes,
+            grace: a.grace,
+            command: a.command,
+            env: Vec::new(),
+        }
+    }
 }
 
 fn random_hex(bytes: usize) -> Result<String, String> {
@@ -61,8 +153,13 @@ fn describe(status: ExitStatus) -> (String, u8) {
     }
 }
 
-/// Copies `src` line by line to `dst`, each line prefixed.
-fn forward(src: impl Read + Send + 'static, prefix: String, to_stderr: bool) -> std::thread::JoinHandle<()> {
+/// Hands `src` line by line to `output` as `rank`'s.
+fn forward(
+    src: impl Read + Send + 'static,
+    rank: usize,
+    stderr: bool,
+    output: Arc<dyn Output>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(src);
         let mut line = Vec::new();
@@ -70,12 +167,7 @@ fn forward(src: impl Read + Send + 'static, prefix: String, to_stderr: bool) -> 
             if !line.ends_with(b"\n") {
                 line.push(b'\n');
             }
-            let mut out: Box<dyn Write> = if to_stderr {
-                Box::new(std::io::stderr().lock())
-            } else {
-                Box::new(std::io::stdout().lock())
-            };
-            let _ = out.write_all(prefix.as_bytes()).and_then(|()| out.write_all(&line));
+            output.line(rank, stderr, &line);
             line.clear();
         }
     })
@@ -89,28 +181,40 @@ fn signal_group(child: &Child, sig: Signal) {
 
 /// Runs `xccl run`.
 pub fn run(args: RunArgs) -> ExitCode {
-    if args.nproc == 0 || args.nnodes == 0 || args.node_rank >= args.nnodes {
-        return fail("need -n >= 1, --nnodes >= 1 and --node-rank < --nnodes");
+    let output = Arc::new(Prefixed::new(args.nproc * args.nnodes));
+    launch(&Job::from(args), output)
+}
+
+/// Starts the ranks of `job` on this node, hands their output to `output`, and watches
+/// them: when one fails the others are stopped, and the exit code is the failed rank's.
+pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
+    let name = args.name;
+    let fail = |msg: &dyn std::fmt::Display| {
+        output.note(&format!("{name}: {msg}"));
+        ExitCode::from(2)
+    };
+    if args.nproc == 0 || args.nnodes == 0 || args.node_rank >= args.nnodes || args.command.is_empty() {
+        return fail(&"need a command, -n >= 1, --nnodes >= 1 and --node-rank < --nnodes");
     }
     let multi = args.nnodes > 1;
     let secret = match std::env::var("XCCL_SECRET") {
         Ok(s) => s,
         Err(_) if multi => {
-            return fail("multi-node runs need XCCL_SECRET set to the same value on every node");
+            return fail(&"multi-node runs need XCCL_SECRET set to the same value on every node");
         }
         Err(_) => match random_hex(16) {
             Ok(s) => s,
-            Err(e) => return fail(e),
+            Err(e) => return fail(&e),
         },
     };
     let job = std::env::var("XCCL_JOB_ID")
         .unwrap_or_else(|_| format!("xccl-run-{}", random_hex(6).unwrap_or_default()));
     if multi && args.master_port == 0 {
-        return fail("multi-node runs need --master-port");
+        return fail(&"multi-node runs need --master-port");
     }
     let auth = match Auth::new(job.clone(), secret.clone().into_bytes()) {
         Ok(a) => a,
-        Err(e) => return fail(e),
+        Err(e) => return fail(&e),
     };
     let mut _store = None;
     let store_addr = if args.node_rank == 0 {
@@ -122,7 +226,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                 format!("{}:{port}", args.master_addr)
             }
             Err(e) => {
-                return fail(format!("cannot serve the store on {bind}:{}: {e}", args.master_port));
+                return fail(&format!("cannot serve the store on {bind}:{}: {e}", args.master_port));
             }
         }
     } else {
@@ -133,12 +237,11 @@ pub fn run(args: RunArgs) -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
-            return fail(format!("cannot handle signals: {e}"));
+            return fail(&format!("cannot handle signals: {e}"));
         }
     }
 
     let world = args.nproc * args.nnodes;
-    let width = (world - 1).to_string().len();
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut pipes = Vec::new();
     for local in 0..args.nproc {
@@ -162,6 +265,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         ] {
             cmd.env(k, v);
         }
+        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
         {
             use std::os::unix::process::CommandExt;
@@ -178,17 +282,16 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         match cmd.spawn() {
             Ok(mut child) => {
-                let prefix = format!("[{rank:>width$}] ");
                 if let Some(out) = child.stdout.take() {
-                    pipes.push(forward(out, prefix.clone(), false));
+                    pipes.push(forward(out, rank, false, output.clone()));
                 }
                 if let Some(err) = child.stderr.take() {
-                    pipes.push(forward(err, prefix, true));
+                    pipes.push(forward(err, rank, true, output.clone()));
                 }
                 children.push((rank, child));
             }
             Err(e) => {
-                eprintln!("xccl run: cannot start '{}': {e}", args.command[0]);
+                output.note(&format!("{name}: cannot start '{}': {e}", args.command[0]));
                 for (_, c) in &children {
                     signal_group(c, Signal::KILL);
                 }
@@ -210,7 +313,8 @@ pub fn run(args: RunArgs) -> ExitCode {
     loop {
         if stop.load(Ordering::Relaxed) && stopping_since.is_none() {
             interrupted = true;
-            eprintln!("xccl run: interrupted; stopping {} rank(s)", running.iter().flatten().count());
+            output
+                .note(&format!("{name}: interrupted; stopping {} rank(s)", running.iter().flatten().count()));
             for c in running.iter().flatten() {
                 signal_group(c, Signal::INT);
             }
@@ -223,7 +327,10 @@ pub fn run(args: RunArgs) -> ExitCode {
                 *slot = None;
                 if !status.success() && failure.is_none() && !interrupted {
                     let (what, code) = describe(status);
-                    eprintln!("xccl run: rank {} (pid {pid}) {what}; stopping the other ranks", ranks[i]);
+                    output.note(&format!(
+                        "{name}: rank {} (pid {pid}) {what}; stopping the other ranks",
+                        ranks[i]
+                    ));
                     failure = Some((ranks[i], what, code));
                 }
             }
@@ -249,7 +356,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     match failure {
         Some((rank, what, code)) => {
-            eprintln!("xccl run: job failed: rank {rank} {what}");
+            output.note(&format!("{name}: job failed: rank {rank} {what}"));
             ExitCode::from(code.max(1))
         }
         None if interrupted => ExitCode::from(130),

@@ -1,0 +1,475 @@
+//! `xccl train`: the main job. Launches local ranks as processes that train a model with
+//! data parallelism (DDP or a parameter server) on the embedded addition task or a text
+//! file, shows a progress bar, and ends with a summary, a loss curve, a trace of compute and
+//! communication per rank, and a checkpoint.
+//!
+//! The parent owns the terminal. Ranks run this same binary with the hidden `--worker` flag;
+//! rank 0 reports progress as `@xccl-train {json}` lines on its stdout, which the parent
+//! renders; every other line is shown with its rank's prefix.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+use xccl::Communicator;
+use xccl_train::checkpoint::{self, FILE_NAME};
+use xccl_train::data::{Task, TaskConfig};
+use xccl_train::ddp::DdpConfig;
+use xccl_train::model::{ModelConfig, ModelKind};
+use xccl_train::optim::OptimConfig;
+use xccl_train::ps::PsConfig;
+use xccl_train::trainer::{CheckpointConfig, Observer, Strategy, TrainConfig, train};
+
+use crate::run::{self, Job, Output, Prefixed};
+
+/// Marks rank 0's progress lines.
+const TAG: &str = "@xccl-train ";
+
+/// Data-parallel strategy.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrategyArg {
+    /// Distributed data parallel: bucketed all-reduce overlapped with backward.
+    Ddp,
+    /// Synchronous parameter server.
+    Ps,
+    /// Asynchronous parameter server with a staleness bound (--staleness).
+    PsAsync,
+}
+
+/// Model architecture.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelArg {
+    /// GPT-style decoder.
+    Gpt,
+    /// Windowed MLP.
+    Mlp,
+}
+
+/// Optimiser.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimArg {
+    /// AdamW (default learning rate 1e-3).
+    Adamw,
+    /// SGD with momentum 0.9 (default learning rate 0.1).
+    Sgd,
+}
+
+/// Arguments of `xccl train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Data-parallel ranks (local processes).
+    #[arg(long, default_value_t = 2)]
+    pub dp: usize,
+    /// How the ranks share the work.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Ddp)]
+    pub strategy: StrategyArg,
+    /// ps-async: how many steps a worker may run ahead of the parameters it has (default 2).
+    #[arg(long)]
+    pub staleness: Option<u64>,
+    /// ps, ps-async: server ranks (the first ones), each holding a shard of the parameters.
+    #[arg(long, default_value_t = 1)]
+    pub servers: usize,
+    /// ps, ps-async: servers only serve (otherwise they also compute gradients).
+    #[arg(long)]
+    pub dedicated_servers: bool,
+    /// Training steps (a resumed run continues up to this step).
+    #[arg(long, default_value_t = 2500)]
+    pub steps: u64,
+    /// Sequences per global step, over all ranks and micro-batches.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Micro-batches per rank per step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub accum: usize,
+    /// Model architecture.
+    #[arg(long, value_enum, default_value_t = ModelArg::Gpt)]
+    pub model: ModelArg,
+    /// Layers (GPT decoder layers, MLP hidden layers).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Attention heads (GPT).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Features per token (GPT) or hidden units (MLP).
+    #[arg(long, default_value_t = 128)]
+    pub width: usize,
+    /// Longest sequence the model takes [default: the sums' length, 64 for --data].
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Tie the GPT's output head to its token embedding.
+    #[arg(long)]
+    pub tied: bool,
+    /// Optimiser.
+    #[arg(long, value_enum, default_value_t = OptimArg::Adamw)]
+    pub optim: OptimArg,
+    /// Learning rate [default: 1e-3 for adamw, 0.1 for sgd].
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Train on this UTF-8 text file instead of the embedded addition task.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// With --data: bytes as tokens instead of characters.
+    #[arg(long)]
+    pub byte_level: bool,
+    /// Addition task: digits per operand.
+    #[arg(long, default_value_t = 3)]
+    pub digits: usize,
+    /// Seed of the parameters and the batches.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write a checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Continue from the checkpoint in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Directory for the checkpoint, loss.svg, trace.json and summary.json.
+    #[arg(long, default_value = "out/train")]
+    pub out: PathBuf,
+    /// DDP: most megabytes (MiB) of gradient per bucket.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// DDP: most megabytes (MiB) in the first bucket.
+    #[arg(long, default_value_t = 1.0)]
+    pub first_bucket_mb: f64,
+    /// Run as one rank of a launched job (used by `xccl train` itself).
+    #[arg(long, hide = true)]
+    pub worker: bool,
+}
+
+impl TrainArgs {
+    /// The task and the training configuration these arguments describe.
+    pub fn config(&self) -> Result<(Box<dyn Task>, TrainConfig), String> {
+        let context = self.context.unwrap_or(match self.data {
+            Some(_) => 64,
+            None => 3 * self.digits + 2,
+        });
+        let task_config = match &self.data {
+            Some(path) => TaskConfig::Text { path: path.clone(), byte_level: self.byte_level, len: context },
+            None if self.byte_level => return Err("--byte-level applies to --data only".into()),
+            None => TaskConfig::Sums { digits: self.digits },
+        };
+        let task = task_config.load().map_err(|e| e.to_string())?;
+        let strategy = match (self.strategy, self.staleness) {
+            (StrategyArg::Ddp, None) => {
+                let mib = |name: &str, v: f64| {
+                    if v.is_finite() && v > 0.0 && v <= 4096.0 {
+                        Ok((v * f64::from(1u32 << 20)) as usize)
+                    } else {
+                        Err(format!("--{name} must be between 0 and 4096 (MiB), not {v}"))
+                    }
+                };
+                Strategy::Ddp(DdpConfig {
+                    bucket_bytes: mib("bucket-mb", self.bucket_mb)?,
+                    first_bucket_bytes: mib("first-bucket-mb", self.first_bucket_mb)?,
+                })
+            }
+            (StrategyArg::Ps, None) => Strategy::Ps(PsConfig {
+                servers: self.servers,
+                dedicated: self.dedicated_servers,
+                staleness: 0,
+            }),
+            (StrategyArg::PsAsync, s) => Strategy::Ps(PsConfig {
+                servers: self.servers,
+                dedicated: self.dedicated_servers,
+                staleness: s.unwrap_or(2),
+            }),
+            (_, Some(_)) => return Err("--staleness applies to --strategy ps-async only".into()),
+        };
+        if !matches!(strategy, Strategy::Ps(_)) && (self.servers != 1 || self.dedicated_servers) {
+            return Err("--servers and --dedicated-servers apply to --strategy ps and ps-async".into());
+        }
+        if let Strategy::Ps(p) = strategy {
+            xccl_train::ps::Roles::new(self.dp, &p).map_err(|e| e.to_string())?;
+        }
+        let optim = match self.optim {
+            OptimArg::Adamw => OptimConfig::adamw(self.lr.unwrap_or(1e-3)),
+            OptimArg::Sgd => OptimConfig::sgd(self.lr.unwrap_or(0.1)),
+        };
+        let model = ModelConfig {
+            kind: match self.model {
+                ModelArg::Gpt => ModelKind::Gpt,
+                ModelArg::Mlp => ModelKind::Mlp,
+            },
+            vocab: task.vocab(),
+            context,
+            width: self.width,
+            layers: self.layers,
+            heads: self.heads,
+            tied: self.tied,
+        };
+        let config = TrainConfig {
+            model,
+            task: task_config,
+            optim,
+            strategy,
+            batch: self.batch,
+            accum: self.accum,
+            steps: self.steps,
+            seed: self.seed,
+            checkpoint: Some(CheckpointConfig {
+                path: self.out.join(FILE_NAME),
+                every: self.checkpoint_every,
+                resume: self.resume,
+            }),
+            trace: true,
+            evaluate: true,
+        };
+        config.validate(task.as_ref()).map_err(|e| e.to_string())?;
+        if self.dp == 0 {
+            return Err("--dp must be at least 1".into());
+        }
+        Ok((task, config))
+    }
+}
+
+/// Runs `xccl train`.
+pub fn run(args: &TrainArgs) -> ExitCode {
+    if args.worker {
+        return match worker(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("xccl train: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let fail = |msg: String| {
+        eprintln!("xccl train: {msg}");
+        ExitCode::from(2)
+    };
+    let (task, config) = match args.config() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if args.resume && !args.out.join(FILE_NAME).exists() {
+        return fail(format!(
+            "--resume: there is no checkpoint at {}; run once without --resume first",
+            args.out.join(FILE_NAME).display()
+        ));
+    }
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        return fail(format!("cannot create --out {}: {e}", args.out.display()));
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e.to_string_lossy().into_owned(),
+        Err(e) => return fail(format!("cannot find this program: {e}")),
+    };
+    let mut command = vec![exe];
+    command.extend(std::env::args().skip(1));
+    command.push("--worker".into());
+    // One compute thread per core: N ranks on C cores get max(1, C / N) threads each.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / args.dp).max(1);
+    let mut env = Vec::new();
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        env.push(("RAYON_NUM_THREADS".to_string(), threads.to_string()));
+    }
+    println!(
+        "xccl train: {} ({} parameters) on {}, {} ranks x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
+        config.model,
+        xccl_train::model::Model::new(&config.model, config.seed).map_or(0, |m| m.params().len()),
+        task.describe(),
+        args.dp,
+        config.strategy,
+        config.batch,
+        task.seq_len(),
+        config.steps
+    );
+    let job = Job { env, ..Job::local("xccl train", args.dp, command) };
+    let screen = Arc::new(Screen::new(args.dp, config.steps));
+    let code = run::launch(&job, screen.clone());
+    screen.bar.finish_and_clear();
+    if code != ExitCode::SUCCESS {
+        return code;
+    }
+    let Some(summary) = screen.state().summary.take() else {
+        return fail("rank 0 ended without a summary".into());
+    };
+    print!("{}", summary["text"].as_str().unwrap_or_default());
+    let svg = args.out.join("loss.svg");
+    let losses: Vec<(u64, f64)> = serde_json::from_value(summary["losses"].clone()).unwrap_or_default();
+    let title = format!("{} - {}", config.model, config.strategy);
+    match plot_losses(&svg, &title, &losses) {
+        Ok(()) => println!("loss curve          {}", svg.display()),
+        Err(e) => eprintln!("xccl train: cannot draw {}: {e}", svg.display()),
+    }
+    let json = args.out.join("summary.json");
+    match checkpoint::write_atomically(&json, summary.to_string().as_bytes()) {
+        Ok(()) => println!("summary             {}", json.display()),
+        Err(e) => eprintln!("xccl train: {e}"),
+    }
+    println!("trace (Perfetto)    {}", args.out.join("trace.json").display());
+    println!("checkpoint          {}", args.out.join(FILE_NAME).display());
+    ExitCode::SUCCESS
+}
+
+/// What rank 0 has reported so far.
+#[derive(Default)]
+struct State {
+    tokens_per_step: f64,
+    first: u64,
+    summary: Option<Value>,
+    /// Without a terminal: the next step at which to print a progress line.
+    next_line: u64,
+}
+
+/// The parent's terminal: a progress bar fed by rank 0, other output above it.
+struct Screen {
+    bar: ProgressBar,
+    prefix: Prefixed,
+    tty: bool,
+    steps: u64,
+    state: Mutex<State>,
+}
+
+impl Screen {
+    fn new(world: usize, steps: u64) -> Screen {
+        let bar = ProgressBar::new(steps);
+        let style = ProgressStyle::with_template("{bar:32.cyan/blue} {pos}/{len} steps  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Screen {
+            bar,
+            prefix: Prefixed::new(world),
+            tty: std::io::stderr().is_terminal(),
+            steps,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn progress(&self, event: &Value) {
+        let mut st = self.state();
+        match event["event"].as_str() {
+            Some("start") => {
+                st.tokens_per_step = event["tokens_per_step"].as_f64().unwrap_or(0.0);
+                st.first = event["first"].as_u64().unwrap_or(0);
+                self.bar.set_position(st.first);
+                self.bar.reset_eta();
+            }
+            Some("loss") => {
+                let step = event["step"].as_u64().unwrap_or(0);
+                let loss = event["loss"].as_f64().unwrap_or(f64::NAN);
+                let secs = event["seconds"].as_f64().unwrap_or(0.0);
+                let done = (step + 1).saturating_sub(st.first);
+                let rate = if secs > 0.0 { done as f64 * st.tokens_per_step / secs } else { 0.0 };
+                let msg = format!("loss {loss:.4}  {rate:.0} tokens/s");
+                self.bar.set_position(step + 1);
+                if self.tty {
+                    self.bar.set_message(msg);
+                } else if step + 1 >= st.next_line || step + 1 == self.steps {
+                    println!("step {}/{}  {msg}  {secs:.1} s", step + 1, self.steps);
+                    st.next_line = step + 1 + (self.steps / 10).max(1);
+                }
+            }
+            Some("summary") => st.summary = Some(event.clone()),
+            _ => {}
+        }
+    }
+}
+
+impl Output for Screen {
+    fn line(&self, rank: usize, stderr: bool, line: &[u8]) {
+        if rank == 0
+            && !stderr
+            && let Some(rest) = line.strip_prefix(TAG.as_bytes())
+            && let Ok(event) = serde_json::from_slice::<Value>(rest)
+        {
+            self.progress(&event);
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.prefix.prefix(rank, line)).trim_end().to_string();
+        if self.tty {
+            self.bar.println(text);
+        } else if stderr {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    }
+
+    fn note(&self, msg: &str) {
+        self.bar.suspend(|| eprintln!("{msg}"));
+    }
+}
+
+/// Prints rank 0's progress lines.
+struct Reporter {
+    rank: usize,
+    tokens_per_step: usize,
+}
+
+impl Reporter {
+    fn emit(&self, event: &Value) {
+        if self.rank == 0 {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{TAG}{event}").and_then(|()| out.flush());
+        }
+    }
+}
+
+impl Observer for Reporter {
+    fn start(&mut self, first: u64) {
+        self.emit(&json!({"event": "start", "first": first, "tokens_per_step": self.tokens_per_step}));
+    }
+
+    fn loss(&mut self, step: u64, loss: f64, seconds: f64) {
+        self.emit(&json!({"event": "loss", "step": step, "loss": loss, "seconds": seconds}));
+    }
+}
+
+/// One rank of the job.
+fn worker(args: &TrainArgs) -> Result<(), String> {
+    let (task, config) = args.config()?;
+    let world = Communicator::from_env().map_err(|e| e.to_string())?;
+    let mut observer = Reporter { rank: world.rank(), tokens_per_step: config.batch * task.seq_len() };
+    let outcome = train(&world, &config, &mut observer).map_err(|e| format!("rank {}: {e}", world.rank()))?;
+    if let Some(trace) = &outcome.trace {
+        let path = args.out.join("trace.json");
+        checkpoint::write_atomically(&path, trace.to_string().as_bytes()).map_err(|e| e.to_string())?;
+    }
+    if let Some(summary) = &outcome.summary {
+        let mut event = summary.to_json();
+        event["event"] = json!("summary");
+        observer.emit(&event);
+    }
+    Ok(())
+}
+
+/// Draws the loss curve as SVG (no font needed), loss on a log scale.
+fn plot_losses(path: &Path, title: &str, losses: &[(u64, f64)]) -> Result<(), String> {
+    use plotters::prelude::*;
+    let finite: Vec<(f64, f64)> =
+        losses.iter().filter(|(_, l)| l.is_finite() && *l > 0.0).map(|&(s, l)| (s as f64 + 1.0, l)).collect();
+    if finite.is_empty() {
+        return Err("no loss to plot".into());
+    }
+    let max_x = finite.iter().map(|p| p.0).fold(1.0, f64::max);
+    // Whole decades, so the log axis has labelled powers of ten.
+    let max_y = 10f64.powf(finite.iter().map(|p| p.1).fold(f64::MIN_POSITIVE, f64::max).log10().ceil());
+    let min_y = 10f64.powf(finite.iter().map(|p| p.1).fold(max_y, f64::min).log10().floor());
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_x, (min_y..max_y).log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss (mean cross-entropy of target tokens, log scale)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    chart.draw_series(LineSeries::new(finite, &BLUE)).map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}

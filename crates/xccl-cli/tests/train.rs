@@ -1,0 +1,150 @@
+//! `xccl train` end to end, ranks as real processes over TCP and shared memory: data
+//! parallelism gives the parameters of a single-process run, a resumed run ends
+//! bit-identical to an uninterrupted one, and bad flags or files are refused with a reason.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use xccl_train::checkpoint::{FILE_NAME, read_tensors};
+
+const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
+
+/// A tiny model and task, so each run takes about a second.
+const TINY: &[&str] =
+    &["--digits", "2", "--width", "16", "--layers", "1", "--heads", "2", "--batch", "7", "--lr", "1e-3"];
+
+fn out_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("xccl-train-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn train(out: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(XCCL);
+    cmd.arg("train").args(TINY).args(args).arg("--out").arg(out).env("XCCL_TIMEOUT", "60");
+    cmd.output().expect("run xccl train")
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The final parameters a run left in its checkpoint, by name.
+fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
+    let (tensors, _) = read_tensors(&out.join(FILE_NAME)).expect("checkpoint");
+    tensors.into_iter().filter(|(k, _)| k.starts_with("param.")).map(|(k, (_, v))| (k, v)).collect()
+}
+
+fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let (mut d, mut n) = (0.0, 0.0);
+    for (k, x) in a {
+        for (p, q) in x.iter().zip(&b[k]) {
+            d += (f64::from(*p) - f64::from(*q)).powi(2);
+            n += f64::from(*q).powi(2);
+        }
+    }
+    (d / n).sqrt()
+}
+
+#[test]
+fn parallel_processes_match_a_single_process() {
+    let single = out_dir("single");
+    ok(&train(&single, &["--dp", "1", "--steps", "20"]));
+    let reference = params(&single);
+    for (name, args) in [
+        ("ddp2", &["--dp", "2", "--steps", "20"][..]),
+        (
+            "ddp3-accum",
+            &[
+                "--dp",
+                "3",
+                "--accum",
+                "2",
+                "--steps",
+                "20",
+                "--bucket-mb",
+                "0.01",
+                "--first-bucket-mb",
+                "0.002",
+            ],
+        ),
+        ("ps", &["--dp", "3", "--strategy", "ps", "--servers", "2", "--steps", "20"]),
+    ] {
+        let dir = out_dir(name);
+        let out = train(&dir, args);
+        ok(&out);
+        let d = rel_diff(&params(&dir), &reference);
+        assert!(d < 1e-5, "{name}: relative difference {d:e} from the single-process run");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("accuracy") && stdout.contains("exposed comm."), "{stdout}");
+        let trace: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("trace.json")).expect("trace.json"))
+                .expect("json");
+        let events = trace["traceEvents"].as_array().expect("events");
+        assert!(events.iter().any(|e| e["cat"] == "comm"), "{name}: no communication in the trace");
+        assert!(events.iter().any(|e| e["name"] == "bwd embed"), "{name}: no backward in the trace");
+        assert!(std::fs::read_to_string(dir.join("loss.svg")).expect("loss.svg").contains("<svg"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    std::fs::remove_dir_all(single).unwrap();
+}
+
+#[test]
+fn a_resumed_run_ends_bit_identical() {
+    let whole = out_dir("whole");
+    ok(&train(&whole, &["--dp", "2", "--steps", "10", "--checkpoint-every", "4"]));
+    let part = out_dir("part");
+    ok(&train(&part, &["--dp", "2", "--steps", "6", "--checkpoint-every", "4"]));
+    let resumed = train(&part, &["--dp", "2", "--steps", "10", "--checkpoint-every", "4", "--resume"]);
+    ok(&resumed);
+    assert_eq!(params(&part), params(&whole), "the resumed run's parameters differ");
+    // A different configuration is refused, saying why.
+    let other = train(&part, &["--dp", "2", "--steps", "12", "--resume", "--seed", "5"]);
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("different configuration"), "{err}");
+    for d in [whole, part] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn the_asynchronous_parameter_server_reports_its_staleness() {
+    let dir = out_dir("async");
+    let out = train(&dir, &["--dp", "3", "--strategy", "ps-async", "--staleness", "2", "--steps", "30"]);
+    ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("staleness"), "{stdout}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_flags_and_files_are_refused_with_a_reason() {
+    let dir = out_dir("bad");
+    let empty = dir.with_extension("empty.txt");
+    std::fs::write(&empty, b"").unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--data", "/nonexistent/input.txt"], "cannot read"),
+        (&["--data", empty.to_str().unwrap()], "empty"),
+        (&["--strategy", "ddp", "--staleness", "3"], "--staleness applies to --strategy ps-async"),
+        (&["--strategy", "ps", "--dp", "2", "--servers", "2", "--dedicated-servers"], "no workers"),
+        (&["--context", "4"], "raise --context"),
+        (&["--resume"], "no checkpoint"),
+    ];
+    for (args, want) in cases {
+        let out = train(&dir, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");
+    }
+    let _ = std::fs::remove_file(empty);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,172 @@
+//! Distributed data parallelism: gradient buckets all-reduced while backward goes on.
+//!
+//! Gradients live in [`Chunks`], one chunk per bucket. Buckets are cut from the end of the
+//! parameter order (the last block's parameters first, as backward produces them): the
+//! first bucket holds at most `first_bucket_bytes` so that communication starts early, the
+//! others at most `bucket_bytes` (a parameter larger than the cap gets a bucket of its own).
+//! When the backward of the last micro-batch finishes block `k`, every bucket whose
+//! parameters all belong to blocks `>= k` is moved into an `all_reduce_async(Sum)`; the
+//! optimiser step waits for them all and puts the summed chunks back. Micro-batches before
+//! the last only accumulate (`no_sync`). Because every rank's loss is already divided by the
+//! global number of target tokens, the sum is the gradient of the global mean loss.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use xccl::{Communicator, ReduceOp, Work};
+
+use crate::error::{Error, Result};
+use crate::params::{Chunks, ParamSet};
+
+/// Bucket sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpConfig {
+    /// Most bytes of gradient per bucket (PyTorch's default: 25 MiB).
+    pub bucket_bytes: usize,
+    /// Most bytes in the first bucket, the one launched first (PyTorch's: 1 MiB).
+    pub first_bucket_bytes: usize,
+}
+
+impl Default for DdpConfig {
+    fn default() -> DdpConfig {
+        DdpConfig { bucket_bytes: 25 << 20, first_bucket_bytes: 1 << 20 }
+    }
+}
+
+/// One bucket: a chunk of the gradient chunks and the lowest block it covers.
+#[derive(Clone, Debug)]
+struct Bucket {
+    chunk: usize,
+    lowest_block: usize,
+}
+
+/// The DDP state of one rank.
+pub struct Ddp {
+    comm: Communicator,
+    /// In launch order: the bucket at the end of the parameter order first.
+    buckets: Vec<Bucket>,
+    /// The all-reduce of each launched bucket, by bucket index.
+    pending: Vec<Option<Work<Vec<f32>>>>,
+    /// Buckets launched so far this step.
+    launched: usize,
+}
+
+impl Ddp {
+    /// Buckets for `params` over `comm`, and gradient chunks laid out to match them.
+    pub fn new(comm: Communicator, params: &ParamSet, config: DdpConfig) -> Result<(Ddp, Chunks)> {
+        if config.bucket_bytes == 0 || config.first_bucket_bytes == 0 {
+            return Err(Error::config(
+                "bucket sizes must be at least one byte (--bucket-mb, --first-bucket-mb)",
+            ));
+        }
+        // Walk the parameters from the last, closing a bucket when the next would overflow it.
+        let mut ranges: Vec<(Range<usize>, usize)> = Vec::new();
+        let mut current: Option<(Range<usize>, usize)> = None;
+        for slot in params.slots().iter().rev() {
+            let r = slot.range();
+            let cap = if ranges.is_empty() { config.first_bucket_bytes } else { config.bucket_bytes };
+            current = match current.take() {
+                Some((cur, low)) if (cur.len() + r.len()) * 4 <= cap => {
+                    Some((r.start..cur.end, low.min(slot.block)))
+                }
+                Some(full) => {
+                    ranges.push(full);
+                    Some((r, slot.block))
+                }
+                None => Some((r, slot.block)),
+            };
+        }
+        ranges.extend(current);
+        let n = ranges.len();
+        // Chunks are in parameter order, buckets in the reverse.
+        let lens: Vec<usize> = ranges.iter().rev().map(|(r, _)| r.len()).collect();
+        let buckets = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, low))| Bucket { chunk: n - 1 - i, lowest_block: low })
+            .collect();
+        let ddp = Ddp { comm, buckets, pending: (0..n).map(|_| None).collect(), launched: 0 };
+        Ok((ddp, Chunks::new(&lens)))
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// The flat ranges of the buckets, in launch order.
+    pub fn buckets(&self, grads: &Chunks) -> Vec<Range<usize>> {
+        self.buckets.iter().map(|b| grads.range(b.chunk)).collect()
+    }
+
+    /// Backward of the last micro-batch has finished block `block` (and every later one):
+    /// launches the all-reduce of every bucket that is now complete.
+    pub fn block_done(&mut self, block: usize, grads: &mut Chunks) {
+        while self.launched < self.buckets.len() && self.buckets[self.launched].lowest_block >= block {
+            self.launch_next(grads);
+        }
+    }
+
+    fn launch_next(&mut self, grads: &mut Chunks) {
+        let b = &self.buckets[self.launched];
+        self.pending[self.launched] = Some(self.comm.all_reduce_async(grads.take(b.chunk), ReduceOp::Sum));
+        self.launched += 1;
+    }
+
+    /// Launches the buckets not launched yet (a rank whose share of the batch was empty runs
+    /// no backward), waits for every bucket and for the sum of the ranks' `loss`, and puts
+    /// the summed gradients back. Returns the summed loss and the time spent waiting.
+    pub fn finish(&mut self, grads: &mut Chunks, loss: f64) -> Result<(f64, Duration)> {
+        while self.launched < self.buckets.len() {
+            self.launch_next(grads);
+        }
+        let total = self.comm.all_reduce_async(vec![loss], ReduceOp::Sum);
+        let t0 = Instant::now();
+        for (b, work) in self.buckets.iter().zip(&mut self.pending) {
+            let work = work.take().ok_or_else(|| Error::internal("bucket finished twice"))?;
+            grads.put(b.chunk, work.wait()?)?;
+        }
+        let total = total.wait()?;
+        self.launched = 0;
+        Ok((total[0], t0.elapsed()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Model, ModelConfig, ModelKind};
+
+    #[test]
+    fn buckets_follow_reverse_block_order_with_a_small_first_one() {
+        let cfg = ModelConfig {
+            kind: ModelKind::Gpt,
+            vocab: 12,
+            context: 8,
+            width: 16,
+            layers: 2,
+            heads: 2,
+            tied: false,
+        };
+        let model = Model::new(&cfg, 1).unwrap();
+        let comm = Communicator::local(1).unwrap().pop().unwrap();
+        let set = model.params();
+        // A layer has 12·16² + 13·16 = 3280 elements; the head 16·12 + 32 = 224.
+        let (ddp, grads) =
+            Ddp::new(comm, set, DdpConfig { bucket_bytes: 4 * 3300, first_bucket_bytes: 4 * 300 }).unwrap();
+        let b = ddp.buckets(&grads);
+        assert_eq!(b[0].end, set.len());
+        assert!(b[0].len() * 4 <= 1200);
+        for w in b.windows(2) {
+            assert_eq!(w[1].end, w[0].start);
+        }
+        assert_eq!(b[b.len() - 1].start, 0);
+        let total: usize = b.iter().map(|r| r.len()).sum();
+        assert_eq!(total, set.len());
+        // Every bucket is launched once its lowest block is done.
+        let lowest: Vec<usize> = ddp.buckets.iter().map(|x| x.lowest_block).collect();
+        assert!(lowest.windows(2).all(|w| w[0] >= w[1]), "{lowest:?}");
+        assert_eq!(lowest[0], 3);
+        assert_eq!(*lowest.last().unwrap(), 0);
+    }
+}

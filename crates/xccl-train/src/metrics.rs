@@ -1,0 +1,288 @@
+//! What a run measured: per-step statistics of each rank ([`StepStat`]), each rank's
+//! report gathered to rank 0 ([`RankReport`], [`gather_reports`]) and the run's
+//! [`Summary`].
+
+use serde_json::{Value, json};
+use xccl::Communicator;
+
+use crate::data::Evaluation;
+use crate::error::{Error, Result};
+use crate::trace::{self, Span};
+
+/// One training step as one worker rank saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepStat {
+    /// The step (clock) index.
+    pub step: u64,
+    /// Wall time of the step on this rank, seconds.
+    pub seconds: f64,
+    /// Of which waiting for communication (exposed communication), seconds.
+    pub wait: f64,
+    /// Parameter server: the parameter version the step computed on.
+    pub version: Option<u64>,
+}
+
+impl StepStat {
+    /// Parameter server: how many updates behind the step's clock its parameters were.
+    pub fn staleness(&self) -> Option<u64> {
+        self.version.map(|v| self.step.saturating_sub(v))
+    }
+}
+
+/// Everything one rank reports at the end of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// What it did: `worker`, `server`, `worker+server`.
+    pub role: String,
+    /// Its steps (workers only).
+    pub steps: Vec<StepStat>,
+    /// Its trace spans (empty when tracing is off).
+    pub spans: Vec<Span>,
+}
+
+impl RankReport {
+    fn to_json(&self) -> Value {
+        let steps: Vec<Value> =
+            self.steps.iter().map(|s| json!([s.step, s.seconds, s.wait, s.version])).collect();
+        json!({"rank": self.rank, "role": self.role, "steps": steps, "spans": trace::to_json(&self.spans)})
+    }
+
+    fn from_json(v: &Value) -> Option<RankReport> {
+        let steps = v["steps"]
+            .as_array()?
+            .iter()
+            .map(|s| {
+                Some(StepStat {
+                    step: s.get(0)?.as_u64()?,
+                    seconds: s.get(1)?.as_f64()?,
+                    wait: s.get(2)?.as_f64()?,
+                    version: s.get(3)?.as_u64(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(RankReport {
+            rank: usize::try_from(v["rank"].as_u64()?).ok()?,
+            role: v["role"].as_str()?.to_string(),
+            steps,
+            spans: trace::from_json(&v["spans"]),
+        })
+    }
+}
+
+/// Gathers every rank's report to rank 0 with the communicator's own collectives (an
+/// all-gather of the sizes, then a gather of the padded JSON bytes). Rank 0 gets them in
+/// rank order, the others `None`.
+pub fn gather_reports(comm: &Communicator, mine: &RankReport) -> Result<Option<Vec<RankReport>>> {
+    let bytes = mine.to_json().to_string().into_bytes();
+    let mut lens = vec![0u64; comm.size()];
+    comm.all_gather(&[bytes.len() as u64], &mut lens)?;
+    let max = lens.iter().copied().max().unwrap_or(0) as usize;
+    let mut padded = bytes;
+    padded.resize(max, 0);
+    let mut all = if comm.rank() == 0 { vec![0u8; max * comm.size()] } else { Vec::new() };
+    comm.gather(&padded, &mut all, 0)?;
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    let reports = lens
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| {
+            let part = &all[r * max..r * max + len as usize];
+            serde_json::from_slice::<Value>(part)
+                .ok()
+                .and_then(|v| RankReport::from_json(&v))
+                .ok_or_else(|| Error::internal(format!("rank {r} sent an unreadable report")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(reports))
+}
+
+/// The run as rank 0 summarises it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// Ranks in the job.
+    pub ranks: usize,
+    /// The strategy, in words.
+    pub strategy: String,
+    /// Model parameters (elements).
+    pub params: usize,
+    /// Steps run by this invocation (after a resume, the ones after the checkpoint).
+    pub steps_run: u64,
+    /// `(step, global mean loss)` of every step, including those before a resume.
+    pub losses: Vec<(u64, f64)>,
+    /// Held-out evaluation of the final parameters.
+    pub evaluation: Option<Evaluation>,
+    /// Input tokens per global step.
+    pub tokens_per_step: usize,
+    /// Mean step time over workers and steps (the first step of each rank, which warms up
+    /// allocations, left out when there are others), seconds.
+    pub step_seconds: f64,
+    /// Mean exposed communication per step (waits), seconds.
+    pub exposed_seconds: f64,
+    /// Wall time of the training loop on rank 0, seconds.
+    pub wall_seconds: f64,
+    /// Parameter server: `(staleness, worker steps)` over every worker step.
+    pub staleness: Vec<(u64, usize)>,
+}
+
+impl Summary {
+    /// Builds the summary from every rank's report.
+    pub fn new(
+        ranks: usize,
+        strategy: String,
+        params: usize,
+        losses: Vec<(u64, f64)>,
+        tokens_per_step: usize,
+        wall_seconds: f64,
+        reports: &[RankReport],
+    ) -> Summary {
+        let mut steps_run = 0;
+        let (mut time, mut wait, mut n) = (0.0, 0.0, 0usize);
+        let mut staleness: Vec<(u64, usize)> = Vec::new();
+        for r in reports {
+            steps_run = steps_run.max(r.steps.len() as u64);
+            let measured = if r.steps.len() > 1 { &r.steps[1..] } else { &r.steps[..] };
+            for s in measured {
+                time += s.seconds;
+                wait += s.wait;
+                n += 1;
+            }
+            for s in &r.steps {
+                if let Some(st) = s.staleness() {
+                    match staleness.iter_mut().find(|(k, _)| *k == st) {
+                        Some((_, c)) => *c += 1,
+                        None => staleness.push((st, 1)),
+                    }
+                }
+            }
+        }
+        staleness.sort_unstable();
+        let per = |x: f64| if n > 0 { x / n as f64 } else { 0.0 };
+        Summary {
+            ranks,
+            strategy,
+            params,
+            steps_run,
+            losses,
+            evaluation: None,
+            tokens_per_step,
+            step_seconds: per(time),
+            exposed_seconds: per(wait),
+            wall_seconds,
+            staleness,
+        }
+    }
+
+    /// The last step's loss.
+    pub fn final_loss(&self) -> Option<f64> {
+        self.losses.last().map(|&(_, l)| l)
+    }
+
+    /// Exposed communication as a share of step time.
+    pub fn exposed_share(&self) -> f64 {
+        if self.step_seconds > 0.0 { self.exposed_seconds / self.step_seconds } else { 0.0 }
+    }
+
+    /// Input tokens per second of the whole job.
+    pub fn tokens_per_second(&self) -> f64 {
+        if self.step_seconds > 0.0 { self.tokens_per_step as f64 / self.step_seconds } else { 0.0 }
+    }
+
+    /// The summary as JSON (what `xccl train` prints and plots from).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "ranks": self.ranks,
+            "strategy": self.strategy,
+            "params": self.params,
+            "steps_run": self.steps_run,
+            "losses": self.losses,
+            "final_loss": self.final_loss(),
+            "accuracy": self.evaluation.as_ref().map(|e| e.accuracy),
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_second": self.tokens_per_second(),
+            "step_seconds": self.step_seconds,
+            "exposed_seconds": self.exposed_seconds,
+            "exposed_share": self.exposed_share(),
+            "wall_seconds": self.wall_seconds,
+            "staleness": self.staleness,
+            "text": self.render(),
+        })
+    }
+
+    /// The summary in words, one fact per line.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "{} on {} ranks, {} parameters, {} steps in {:.1} s\n",
+            self.strategy, self.ranks, self.params, self.steps_run, self.wall_seconds
+        );
+        if let Some(l) = self.final_loss() {
+            s += &format!("final loss          {l:.4}\n");
+        }
+        if let Some(e) = &self.evaluation {
+            s += &format!("accuracy            {:.1}% {}\n", 100.0 * e.accuracy, e.measure);
+            for x in &e.examples {
+                s += &format!("                    {x}\n");
+            }
+        }
+        s += &format!(
+            "throughput          {:.0} tokens/s ({} tokens per step)\n",
+            self.tokens_per_second(),
+            self.tokens_per_step
+        );
+        s += &format!("step time           {:.2} ms\n", 1e3 * self.step_seconds);
+        s += &format!(
+            "exposed comm.       {:.3} ms per step, {:.1}% of step time\n",
+            1e3 * self.exposed_seconds,
+            100.0 * self.exposed_share()
+        );
+        if !self.staleness.is_empty() {
+            let total: usize = self.staleness.iter().map(|&(_, c)| c).sum();
+            let hist: Vec<String> = self
+                .staleness
+                .iter()
+                .map(|&(k, c)| format!("{k}: {:.0}%", 100.0 * c as f64 / total as f64))
+                .collect();
+            s += &format!("staleness           {} (of {total} worker steps)\n", hist.join(", "));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_averages_after_the_first_step_and_counts_staleness() {
+        let stat = |step, seconds, wait, version| StepStat { step, seconds, wait, version };
+        let reports = vec![
+            RankReport {
+                rank: 0,
+                role: "worker".into(),
+                steps: vec![
+                    stat(0, 9.0, 9.0, Some(0)),
+                    stat(1, 1.0, 0.1, Some(0)),
+                    stat(2, 1.0, 0.1, Some(2)),
+                ],
+                spans: Vec::new(),
+            },
+            RankReport {
+                rank: 1,
+                role: "worker".into(),
+                steps: vec![stat(0, 9.0, 9.0, Some(0)), stat(1, 3.0, 0.3, Some(1))],
+                spans: Vec::new(),
+            },
+        ];
+        let s = Summary::new(2, "ps".into(), 10, vec![(0, 2.0), (1, 1.5)], 100, 5.0, &reports);
+        assert!((s.step_seconds - 5.0 / 3.0).abs() < 1e-12);
+        assert!((s.exposed_share() - 0.1).abs() < 1e-12);
+        assert_eq!(s.staleness, vec![(0, 4), (1, 1)]);
+        assert_eq!(s.final_loss(), Some(1.5));
+        assert!(s.render().contains("staleness"));
+        let back = RankReport::from_json(&reports[0].to_json()).unwrap();
+        assert_eq!(back, reports[0]);
+    }
+}

@@ -1,0 +1,158 @@
+//! The [`Block`] trait, seeded parameter initialisation ([`Init`]) and the layers blocks
+//! are made of.
+
+use candle_core::{DType, Device, Module, Tensor, Var};
+use rand::SeedableRng;
+use rand::rngs::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+
+use super::ops;
+use crate::error::{Error, Result};
+use crate::params::Param;
+
+/// One stage of a model: a function of one input tensor with its own parameters.
+///
+/// A model runs its blocks in sequence. Each block's forward gets a *leaf* input (a fresh
+/// variable detached from the previous block), so the backward of one block can run on its
+/// own once the gradient of its output is known: that is what lets data parallelism start
+/// communicating a block's gradients while earlier blocks are still in backward.
+pub trait Block: Send + Sync {
+    /// The block's name (the prefix of its parameters' names).
+    fn name(&self) -> &str;
+    /// The block's output for input `x`.
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor>;
+    /// The parameters this block owns.
+    fn params(&self) -> &[Param];
+    /// Parameters owned by an earlier block that this block uses too (a tied output head
+    /// uses the token embedding): their gradient is the sum of both blocks' contributions.
+    fn shared(&self) -> &[Param] {
+        &[]
+    }
+}
+
+/// Creates parameters from a seeded generator, so every process builds identical ones
+/// (candle's own random tensors on the CPU cannot be seeded).
+pub struct Init {
+    rng: ChaCha8Rng,
+    device: Device,
+}
+
+impl Init {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Init {
+        Init { rng: ChaCha8Rng::seed_from_u64(seed), device: Device::Cpu }
+    }
+
+    /// A parameter called `name` with elements drawn from N(0, `std`²).
+    pub fn normal(&mut self, name: String, shape: &[usize], std: f32) -> Result<Param> {
+        let normal = Normal::new(0.0f32, std)
+            .map_err(|e| Error::config(format!("standard deviation {std} for {name}: {e}")))?;
+        let n = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| normal.sample(&mut self.rng)).collect();
+        self.param(name, shape, &values)
+    }
+
+    /// A parameter called `name` with every element `value`.
+    pub fn constant(&mut self, name: String, shape: &[usize], value: f32) -> Result<Param> {
+        let values = vec![value; shape.iter().product()];
+        self.param(name, shape, &values)
+    }
+
+    fn param(&self, name: String, shape: &[usize], values: &[f32]) -> Result<Param> {
+        let t = Tensor::from_slice(values, shape, &self.device)?;
+        Ok(Param::new(name, Var::from_tensor(&t)?))
+    }
+
+    /// A linear layer `x W^T + b` from `inputs` to `outputs` features, its weight drawn
+    /// from N(0, `std`²) and its bias zero; its parameters are pushed onto `params`.
+    pub fn linear(
+        &mut self,
+        params: &mut Vec<Param>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f32,
+    ) -> Result<Linear> {
+        let w = self.normal(format!("{name}.weight"), &[outputs, inputs], std)?;
+        let b = self.constant(format!("{name}.bias"), &[outputs], 0.0)?;
+        let layer = Linear::new(w.tensor().clone(), Some(b.tensor().clone()));
+        params.extend([w, b]);
+        Ok(layer)
+    }
+
+    /// A layer norm over `width` features (weight one, bias zero); its parameters are pushed
+    /// onto `params`.
+    pub fn layer_norm(&mut self, params: &mut Vec<Param>, name: &str, width: usize) -> Result<LayerNorm> {
+        let w = self.constant(format!("{name}.weight"), &[width], 1.0)?;
+        let b = self.constant(format!("{name}.bias"), &[width], 0.0)?;
+        let norm = LayerNorm { weight: w.tensor().clone(), bias: b.tensor().clone() };
+        params.extend([w, b]);
+        Ok(norm)
+    }
+}
+
+/// Layer normalisation over the last dimension ([`ops::layer_norm`]: candle-nn's fused
+/// layer norm has no backward, and the parameters before it would silently get no gradient).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        ops::layer_norm(x, &self.weight, &self.bias)
+    }
+}
+
+/// A linear layer over the last dimension, `x W^T (+ b)`, as one matrix product of the
+/// flattened rows (no broadcast weight, whose gradient candle would have to reduce) and
+/// [`ops::bias_add`].
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[outputs, inputs]`.
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// The layer with `weight` (`[outputs, inputs]`) and an optional `bias` (`[outputs]`).
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight, bias }
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (outputs, inputs) = self.weight.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / inputs.max(1);
+        let y = x.reshape((rows, inputs))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => ops::bias_add(&y, b)?,
+            None => y,
+        };
+        if let Some(last) = dims.last_mut() {
+            *last = outputs;
+        }
+        y.reshape(dims)
+    }
+}
+
+/// Token ids as a `[rows, len]` tensor.
+pub fn ids_tensor(ids: &[u32], rows: usize, len: usize) -> Result<Tensor> {
+    Ok(Tensor::from_slice(ids, (rows, len), &Device::Cpu)?)
+}
+
+/// Checks that the input of a first block is a `[rows, len]` tensor of token ids.
+pub(crate) fn expect_ids(block: &str, x: &Tensor, context: usize) -> candle_core::Result<(usize, usize)> {
+    let (b, t) = x.dims2()?;
+    if x.dtype() != DType::U32 || t > context {
+        candle_core::bail!(
+            "{block}: expected [rows, len <= {context}] u32 token ids, got {:?} {:?}",
+            x.dims(),
+            x.dtype()
+        );
+    }
+    Ok((b, t))
+}

@@ -1,0 +1,118 @@
+//! A multi-layer perceptron language model (Bengio et al. style): at every position the
+//! embeddings of the last `context` tokens (zero before the start) are concatenated and go
+//! through `layers` hidden layers of `width` units (GELU) to the logits of the next token.
+//!
+//! Blocks: `embed` (embedding and the causal window), `h00` … `hNN`, `head`.
+
+use candle_core::{Module, Tensor};
+
+use super::ModelConfig;
+use super::block::{Block, Init, Linear, expect_ids};
+use super::ops::gelu;
+use crate::error::{Error, Result};
+use crate::params::Param;
+
+/// Embedding features per token: a quarter of the hidden width (at least 4).
+pub fn embed_width(cfg: &ModelConfig) -> usize {
+    (cfg.width / 4).max(4)
+}
+
+/// Builds the blocks of an MLP for `cfg`.
+pub fn build(cfg: &ModelConfig, init: &mut Init) -> Result<Vec<Box<dyn Block>>> {
+    if cfg.tied {
+        return Err(Error::config("--tied applies to --model gpt only (the MLP's head reads hidden units)"));
+    }
+    if cfg.layers == 0 {
+        return Err(Error::config("--model mlp needs --layers >= 1"));
+    }
+    let e = embed_width(cfg);
+    let tok = init.normal("embed.tok".into(), &[cfg.vocab, e], 1.0)?;
+    let mut blocks: Vec<Box<dyn Block>> =
+        vec![Box::new(Window { tok: tok.tensor().clone(), params: vec![tok], context: cfg.context })];
+    let mut inputs = cfg.context * e;
+    for l in 0..cfg.layers {
+        let name = format!("h{l:02}");
+        let mut params = Vec::new();
+        let std = (1.0 / inputs as f32).sqrt();
+        let linear = init.linear(&mut params, &format!("{name}.fc"), inputs, cfg.width, std)?;
+        blocks.push(Box::new(Hidden { name, linear, params }));
+        inputs = cfg.width;
+    }
+    let mut params = Vec::new();
+    let linear = init.linear(&mut params, "head.out", inputs, cfg.vocab, (1.0 / inputs as f32).sqrt())?;
+    blocks.push(Box::new(Output { linear, params }));
+    Ok(blocks)
+}
+
+/// Ids `[rows, len]` to `[rows, len, context * embed]`: position `t` holds the embeddings of
+/// tokens `t - context + 1 ..= t`, oldest first.
+struct Window {
+    tok: Tensor,
+    params: Vec<Param>,
+    context: usize,
+}
+
+impl Block for Window {
+    fn name(&self) -> &str {
+        "embed"
+    }
+
+    fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t) = expect_ids("embed", ids, self.context)?;
+        let e = self.tok.dim(1)?;
+        let emb = self.tok.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, e))?;
+        let n = self.context;
+        let padded = if n > 1 {
+            Tensor::cat(&[&Tensor::zeros((b, n - 1, e), emb.dtype(), emb.device())?, &emb], 1)?
+        } else {
+            emb
+        };
+        let views = (0..n).map(|j| padded.narrow(1, j, t)).collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&views, 2)
+    }
+
+    fn params(&self) -> &[Param] {
+        &self.params
+    }
+}
+
+/// One hidden layer: `gelu(x W^T + b)`.
+struct Hidden {
+    name: String,
+    linear: Linear,
+    params: Vec<Param>,
+}
+
+impl Block for Hidden {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        gelu(&self.linear.forward(x)?)
+    }
+
+    fn params(&self) -> &[Param] {
+        &self.params
+    }
+}
+
+/// The output layer: logits of the next token.
+struct Output {
+    linear: Linear,
+    params: Vec<Param>,
+}
+
+impl Block for Output {
+    fn name(&self) -> &str {
+        "head"
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.linear.forward(x)
+    }
+
+    fn params(&self) -> &[Param] {
+        &self.params
+    }
+}

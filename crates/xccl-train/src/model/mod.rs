@@ -1,0 +1,271 @@
+//! Models as sequences of [`Block`]s: configuration, construction, forward, the loss, and
+//! backward block by block.
+//!
+//! Blockwise backward: block `k` ran on a leaf input `x_k` (a variable detached from block
+//! `k - 1`'s output `y_{k-1}`). The last block's backward is `loss.backward()`; block `k`'s
+//! is `(y_k · g_k).sum().backward()`, where `g_k` is the gradient of block `k + 1`'s input.
+//! Each yields the block's parameter gradients and `g_{k-1}`, so gradients become ready
+//! block by block, last block first, as in PyTorch's autograd with DDP hooks.
+
+pub mod block;
+pub mod gpt;
+pub mod mlp;
+pub mod ops;
+
+use candle_core::{D, Tensor, Var};
+
+pub use block::{Block, Init, ids_tensor};
+
+use crate::error::{Error, Result};
+use crate::params::{Param, ParamSet};
+use crate::trace::Trace;
+
+/// Which architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// The GPT-style decoder of [`gpt`].
+    Gpt,
+    /// The windowed MLP of [`mlp`].
+    Mlp,
+}
+
+/// The shape of a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub kind: ModelKind,
+    /// Vocabulary size (set from the data).
+    pub vocab: usize,
+    /// Longest input sequence (GPT: position embeddings; MLP: the window).
+    pub context: usize,
+    /// Features per token (GPT) or hidden units (MLP).
+    pub width: usize,
+    /// Decoder layers (GPT) or hidden layers (MLP).
+    pub layers: usize,
+    /// Attention heads (GPT).
+    pub heads: usize,
+    /// Whether the GPT's output head reuses the token embedding.
+    pub tied: bool,
+}
+
+impl std::fmt::Display for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            ModelKind::Gpt => "gpt",
+            ModelKind::Mlp => "mlp",
+        };
+        write!(
+            f,
+            "{kind} vocab={} context={} width={} layers={} heads={} tied={}",
+            self.vocab, self.context, self.width, self.layers, self.heads, self.tied
+        )
+    }
+}
+
+/// How a forward pass builds its graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Graph {
+    /// Each block gets a leaf input, so backward runs block by block.
+    Blockwise,
+    /// One graph through the whole model (the reference for tests, and inference).
+    Whole,
+}
+
+/// A model: its blocks and its parameters in their fixed order.
+pub struct Model {
+    config: ModelConfig,
+    blocks: Vec<Box<dyn Block>>,
+    params: ParamSet,
+    /// For each block, the indices in `params` of the parameters it owns and shares.
+    used: Vec<Vec<usize>>,
+    /// For each block, the indices of the parameters it owns.
+    owned: Vec<Vec<usize>>,
+}
+
+/// The gradients one block's backward produced: (parameter index in the [`ParamSet`],
+/// gradient), including its contribution to shared parameters.
+pub type BlockGrads = Vec<(usize, Tensor)>;
+
+/// What a forward pass keeps for backward.
+pub struct Forward {
+    /// Output of each block; the last is the logits.
+    outputs: Vec<Tensor>,
+    /// Leaf input of each block after the first (blockwise graphs).
+    inputs: Vec<Option<Var>>,
+    graph: Graph,
+}
+
+impl Forward {
+    /// The logits, `[rows, len, vocab]`.
+    pub fn logits(&self) -> &Tensor {
+        &self.outputs[self.outputs.len() - 1]
+    }
+}
+
+impl Model {
+    /// Builds the model for `config`, its parameters drawn from a generator seeded with
+    /// `seed`: every process that builds it gets the same values.
+    pub fn new(config: &ModelConfig, seed: u64) -> Result<Model> {
+        for (what, v) in
+            [("--width", config.width), ("--context", config.context), ("vocabulary", config.vocab)]
+        {
+            if v == 0 {
+                return Err(Error::config(format!("{what} must be at least 1")));
+            }
+        }
+        let mut init = Init::new(seed);
+        let blocks = match config.kind {
+            ModelKind::Gpt => gpt::build(config, &mut init)?,
+            ModelKind::Mlp => mlp::build(config, &mut init)?,
+        };
+        Model::from_blocks(config.clone(), blocks)
+    }
+
+    /// A model from blocks built elsewhere.
+    pub fn from_blocks(config: ModelConfig, blocks: Vec<Box<dyn Block>>) -> Result<Model> {
+        let owned_params: Vec<&[Param]> = blocks.iter().map(|b| b.params()).collect();
+        let params = ParamSet::new(&owned_params)?;
+        let mut used = Vec::new();
+        let mut owned = Vec::new();
+        for (k, b) in blocks.iter().enumerate() {
+            let index = |p: &Param| {
+                params.index_of(p).ok_or_else(|| {
+                    Error::config(format!(
+                        "block {} uses parameter {}, which no block owns",
+                        b.name(),
+                        p.name()
+                    ))
+                })
+            };
+            let own = b.params().iter().map(index).collect::<Result<Vec<_>>>()?;
+            let mut all = own.clone();
+            for p in b.shared() {
+                let i = index(p)?;
+                if params.slots()[i].block >= k {
+                    return Err(Error::config(format!(
+                        "block {} shares {}, which a later block owns: shared parameters must belong to an earlier block",
+                        b.name(),
+                        p.name()
+                    )));
+                }
+                all.push(i);
+            }
+            used.push(all);
+            owned.push(own);
+        }
+        Ok(Model { config, blocks, params, used, owned })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Its blocks, in forward order.
+    pub fn blocks(&self) -> &[Box<dyn Block>] {
+        &self.blocks
+    }
+
+    /// Its parameters, in their fixed order.
+    pub fn params(&self) -> &ParamSet {
+        &self.params
+    }
+
+    /// Runs every block on token ids `[rows, len]`, recording each block's span in `trace`.
+    pub fn forward(&self, ids: &Tensor, graph: Graph, trace: &mut Trace) -> Result<Forward> {
+        let mut outputs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        for b in &self.blocks {
+            let (input, leaf) = match (outputs.last(), graph) {
+                (None, _) => (ids.clone(), None),
+                (Some(prev), Graph::Whole) => (prev.clone(), None),
+                (Some(prev), Graph::Blockwise) => {
+                    let v = Var::from_tensor(&prev.detach())?;
+                    (v.as_tensor().clone(), Some(v))
+                }
+            };
+            let y = trace.span(|| format!("fwd {}", b.name()), || b.forward(&input))?;
+            outputs.push(y);
+            inputs.push(leaf);
+        }
+        Ok(Forward { outputs, inputs, graph })
+    }
+
+    /// The logits for token ids `[rows, len]`, without keeping anything for backward.
+    pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let mut x = ids.clone();
+        for b in &self.blocks {
+            x = b.forward(&x)?.detach();
+        }
+        Ok(x)
+    }
+
+    /// Backward of `loss` (computed from `fwd`'s logits), block by block from the last:
+    /// `done(k, grads)` is called as soon as block `k`'s parameter gradients are known. For a
+    /// [`Graph::Whole`] forward, one backward runs and `done` is called for every block after it.
+    pub fn backward(
+        &self,
+        fwd: Forward,
+        loss: &Tensor,
+        trace: &mut Trace,
+        mut done: impl FnMut(usize, BlockGrads) -> Result<()>,
+    ) -> Result<()> {
+        let n = self.blocks.len();
+        let collect = |store: &candle_core::backprop::GradStore, which: &[usize]| -> Result<BlockGrads> {
+            which
+                .iter()
+                .map(|&i| {
+                    let slot = &self.params.slots()[i];
+                    store.get(slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
+                        Error::internal(format!("parameter {} received no gradient", slot.param.name()))
+                    })
+                })
+                .collect()
+        };
+        if fwd.graph == Graph::Whole {
+            let store = trace.span(|| "bwd model".to_string(), || loss.backward())?;
+            for k in (0..n).rev() {
+                done(k, collect(&store, &self.owned[k])?)?;
+            }
+            return Ok(());
+        }
+        let mut grad_out: Option<Tensor> = None;
+        for k in (0..n).rev() {
+            let name = self.blocks[k].name();
+            // The span covers the block's backward and the hand-over of its gradients.
+            grad_out = trace.span(
+                || format!("bwd {name}"),
+                || -> Result<Option<Tensor>> {
+                    let store = match &grad_out {
+                        None => loss.backward(),
+                        Some(g) => (&fwd.outputs[k] * g)?.sum_all()?.backward(),
+                    }?;
+                    let below = match &fwd.inputs[k] {
+                        Some(input) if k > 0 => {
+                            Some(store.get(input.as_tensor()).cloned().ok_or_else(|| {
+                                Error::internal(format!("no gradient reached the input of block {name}"))
+                            })?)
+                        }
+                        None if k > 0 => return Err(Error::internal("blockwise input lost")),
+                        _ => None,
+                    };
+                    done(k, collect(&store, &self.used[k])?)?;
+                    Ok(below)
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Cross-entropy of `logits` `[rows, len, vocab]` against `targets` `[rows, len]` (u32),
+/// counting only positions where `mask` `[rows, len]` is 1, summed and divided by `norm`
+/// (the number of counted tokens in the whole global batch, so that gradients summed over
+/// ranks and micro-batches are those of the global mean loss).
+pub fn loss(logits: &Tensor, targets: &Tensor, mask: &Tensor, norm: f64) -> Result<Tensor> {
+    let (b, t, v) = logits.dims3()?;
+    let logp = candle_nn::ops::log_softmax(&logits.reshape((b * t, v))?, D::Minus1)?;
+    let picked = logp.gather(&targets.reshape((b * t, 1))?, 1)?.reshape(b * t)?;
+    let total = (picked * mask.reshape(b * t)?)?.sum_all()?;
+    Ok((total.neg()? / norm)?)
+}

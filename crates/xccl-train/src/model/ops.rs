@@ -1,0 +1,360 @@
+//! Fused CPU kernels, each with its backward: GELU, layer normalisation and bias addition.
+//!
+//! candle has the differentiable forms of all three, built from small tensor operations,
+//! and on the CPU they dominated a training step. A profile of the default model showed
+//! candle's `gelu` backward (a chain of about fifteen operations with two `powf` and a
+//! `tanh` over the whole activation) and the gradient reductions of broadcast parameters
+//! (bias and layer-norm weights: candle sums over leading dimensions with a division per
+//! element) at over 60% of the step. Here each forward is one pass over the data, and each
+//! backward one pass per gradient; rows are the last dimension, everything before it is
+//! flattened.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+
+/// √(2/π).
+const K0: f32 = 0.797_884_6;
+/// GELU's cubic coefficient.
+const K1: f32 = 0.044_715;
+/// Layer normalisation's ε.
+const EPS: f32 = 1e-5;
+
+/// `gelu(x)`, tanh approximation (GPT-2's, PyTorch's `approximate="tanh"`).
+pub fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1(Gelu)
+}
+
+/// Layer normalisation of `x` over its last dimension, scaled by `weight` and shifted by
+/// `bias` (both as long as that dimension), ε = 1e-5.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op3(weight, bias, LayerNorm)
+}
+
+/// `x + bias`, `bias` added to every row (last dimension) of `x`.
+pub fn bias_add(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op2(bias, BiasAdd)
+}
+
+/// The contiguous f32 values of a storage.
+fn values<'a>(name: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((start, end))) => Ok(&v[start..end]),
+        _ => candle_core::bail!("{name} takes contiguous f32 tensors on the CPU"),
+    }
+}
+
+/// The row length (last dimension) of `l`, checked against a parameter of length `len`.
+fn row_len(name: &str, l: &Layout, len: Option<usize>) -> candle_core::Result<usize> {
+    let c = l.dims().last().copied().unwrap_or(1);
+    match len {
+        Some(n) if n != c => candle_core::bail!("{name}: rows of {c} features, parameter of {n}"),
+        _ if c == 0 => candle_core::bail!("{name}: rows of no features"),
+        _ => Ok(c),
+    }
+}
+
+/// Checks that inputs and gradients have as many elements.
+fn same_len(name: &str, x: &[f32], g: &[f32]) -> candle_core::Result<()> {
+    if x.len() != g.len() {
+        candle_core::bail!("{name}: {} inputs for {} gradients", x.len(), g.len());
+    }
+    Ok(())
+}
+
+fn f32s(v: Vec<f32>, shape: &Shape) -> (CpuStorage, Shape) {
+    (CpuStorage::F32(v), shape.clone())
+}
+
+/// `(1 + tanh(u)) / 2` with `u = √(2/π)·(x + 0.044715·x³)`, computed as the logistic
+/// function of `2u`: one `exp` (libm's `tanhf` is several times slower), exact at both ends.
+fn half_one_plus_tanh(x: f32) -> f32 {
+    1.0 / (1.0 + (-2.0 * K0 * (x + K1 * x * x * x)).exp())
+}
+
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu-tanh"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let y = values(self.name(), s, l)?.iter().map(|&x| x * half_one_plus_tanh(x));
+        Ok(f32s(y.collect(), l.shape()))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &GeluGrad)?))
+    }
+}
+
+/// `(x, g) -> g · gelu'(x)`.
+struct GeluGrad;
+
+impl CustomOp2 for GeluGrad {
+    fn name(&self) -> &'static str {
+        "gelu-tanh-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
+        same_len(self.name(), x, g)?;
+        // d/dx x·s(x) = s + x·s' with s = (1 + tanh u)/2, s' = 2·s·(1 - s)·du/dx.
+        let out = x.iter().zip(g).map(|(&x, &g)| {
+            let s = half_one_plus_tanh(x);
+            g * (s + 2.0 * x * s * (1.0 - s) * K0 * (1.0 + 3.0 * K1 * x * x))
+        });
+        Ok(f32s(out.collect(), l1.shape()))
+    }
+}
+
+/// Mean and 1/√(var + ε) of a row.
+fn moments(row: &[f32]) -> (f32, f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + EPS).sqrt())
+}
+
+struct LayerNorm;
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w, b) =
+            (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?, values(self.name(), s3, l3)?);
+        let c = row_len(self.name(), l1, Some(w.len()))?;
+        row_len(self.name(), l1, Some(b.len()))?;
+        let mut y = Vec::with_capacity(x.len());
+        for row in x.chunks_exact(c) {
+            let (mean, rstd) = moments(row);
+            y.extend(row.iter().zip(w).zip(b).map(|((&v, &w), &b)| (v - mean) * rstd * w + b));
+        }
+        Ok(f32s(y, l1.shape()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let gx = x.apply_op3_no_bwd(&w.contiguous()?, &grad, &LayerNormGradInput)?;
+        // Row 0: Σ g·x̂ (the weight's gradient); row 1: Σ g (the bias's).
+        let gwb = x.apply_op2_no_bwd(&grad, &LayerNormGradParams)?;
+        Ok((Some(gx), Some(gwb.get(0)?), Some(gwb.get(1)?)))
+    }
+}
+
+/// `(x, w, g) -> dx = rstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ·x̂))` with `ĝ = g·w`, row by row.
+struct LayerNormGradInput;
+
+impl CustomOp3 for LayerNormGradInput {
+    fn name(&self) -> &'static str {
+        "layer-norm-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w, g) =
+            (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?, values(self.name(), s3, l3)?);
+        let c = row_len(self.name(), l1, Some(w.len()))?;
+        same_len(self.name(), x, g)?;
+        let mut dx = Vec::with_capacity(x.len());
+        for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
+            let (mean, rstd) = moments(row);
+            let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+            for ((&v, &g), &w) in row.iter().zip(grow).zip(w) {
+                sum_g += g * w;
+                sum_gx += g * w * (v - mean) * rstd;
+            }
+            let n = c as f32;
+            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+            dx.extend(
+                row.iter()
+                    .zip(grow)
+                    .zip(w)
+                    .map(|((&v, &g), &w)| rstd * (g * w - mean_g - (v - mean) * rstd * mean_gx)),
+            );
+        }
+        Ok(f32s(dx, l1.shape()))
+    }
+}
+
+/// `(x, g) -> [Σ_rows g·x̂, Σ_rows g]`, shape `[2, features]`.
+struct LayerNormGradParams;
+
+impl CustomOp2 for LayerNormGradParams {
+    fn name(&self) -> &'static str {
+        "layer-norm-grad-params"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
+        let c = row_len(self.name(), l1, None)?;
+        same_len(self.name(), x, g)?;
+        let mut out = vec![0.0f32; 2 * c];
+        let (gw, gb) = out.split_at_mut(c);
+        for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
+            let (mean, rstd) = moments(row);
+            for (((gw, gb), &v), &g) in gw.iter_mut().zip(gb.iter_mut()).zip(row).zip(grow) {
+                *gw += g * (v - mean) * rstd;
+                *gb += g;
+            }
+        }
+        Ok(f32s(out, &Shape::from((2, c))))
+    }
+}
+
+struct BiasAdd;
+
+impl CustomOp2 for BiasAdd {
+    fn name(&self) -> &'static str {
+        "bias-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, b) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
+        let c = row_len(self.name(), l1, Some(b.len()))?;
+        let y = x.chunks_exact(c).flat_map(|row| row.iter().zip(b).map(|(&v, &b)| v + b));
+        Ok(f32s(y.collect(), l1.shape()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let gb = grad.apply_op1_no_bwd(&ColumnSum)?;
+        Ok((Some(grad), Some(gb)))
+    }
+}
+
+/// `g -> Σ_rows g`, shape `[features]`.
+struct ColumnSum;
+
+impl CustomOp1 for ColumnSum {
+    fn name(&self) -> &'static str {
+        "column-sum"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = values(self.name(), s, l)?;
+        let c = row_len(self.name(), l, None)?;
+        let mut out = vec![0.0f32; c];
+        for row in g.chunks_exact(c) {
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o += v;
+            }
+        }
+        Ok(f32s(out, &Shape::from(c)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+
+    fn tensor(n: usize, shape: &[usize], f: impl Fn(usize) -> f32) -> Tensor {
+        Tensor::from_vec((0..n).map(f).collect::<Vec<_>>(), shape, &Device::Cpu).unwrap()
+    }
+
+    fn var(t: &Tensor) -> Var {
+        Var::from_tensor(&t.detach()).unwrap()
+    }
+
+    fn close(p: &Tensor, q: &Tensor) {
+        let d = (p - q).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(d < 2e-5, "max difference {d}");
+    }
+
+    /// Forward and every input gradient of `ours` and `reference` (candle's differentiable
+    /// forms) on the same inputs, weighted by a fixed tensor so gradients are not trivial.
+    fn compare(
+        inputs: &[Tensor],
+        ours: impl Fn(&[Tensor]) -> Tensor,
+        reference: impl Fn(&[Tensor]) -> Tensor,
+    ) {
+        let a: Vec<Var> = inputs.iter().map(var).collect();
+        let b: Vec<Var> = inputs.iter().map(var).collect();
+        let ya = ours(&a.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>());
+        let yb = reference(&b.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>());
+        close(&ya, &yb);
+        let w = tensor(ya.elem_count(), ya.dims(), |i| (i % 7) as f32 - 3.0);
+        let ga = (ya * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let gb = (yb * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        for (va, vb) in a.iter().zip(&b) {
+            close(ga.get(va.as_tensor()).unwrap(), gb.get(vb.as_tensor()).unwrap());
+        }
+    }
+
+    #[test]
+    fn gelu_matches_candles() {
+        let x = tensor(80, &[8, 10], |i| (i as f32 - 40.0) * 0.15);
+        compare(&[x], |v| gelu(&v[0]).unwrap(), |v| v[0].gelu().unwrap());
+    }
+
+    #[test]
+    fn layer_norm_matches_candles_differentiable_form() {
+        let x = tensor(60, &[2, 5, 6], |i| ((i * 37) % 11) as f32 * 0.3 - 1.0);
+        let w = tensor(6, &[6], |i| 1.0 + 0.1 * i as f32);
+        let b = tensor(6, &[6], |i| 0.05 * i as f32);
+        compare(
+            &[x, w, b],
+            |v| layer_norm(&v[0], &v[1], &v[2]).unwrap(),
+            |v| candle_nn::ops::layer_norm_slow(&v[0], &v[1], &v[2], EPS).unwrap(),
+        );
+    }
+
+    #[test]
+    fn bias_add_matches_broadcast_add() {
+        let x = tensor(24, &[2, 3, 4], |i| i as f32 * 0.5);
+        let b = tensor(4, &[4], |i| i as f32 - 1.5);
+        compare(&[x, b], |v| bias_add(&v[0], &v[1]).unwrap(), |v| v[0].broadcast_add(&v[1]).unwrap());
+        let bad = tensor(3, &[3], |i| i as f32);
+        assert!(bias_add(&tensor(24, &[2, 3, 4], |i| i as f32), &bad).is_err());
+    }
+}

@@ -1,0 +1,625 @@
+//! The parameter server, in the stale synchronous parallel (SSP) model.
+//!
+//! The flat parameters are cut into one shard per server; servers are ranks `0..S`, and
+//! workers are every rank (servers work too) or ranks `S..` (`dedicated`). Per shard `j`
+//! there are two communicators, split from the world, whose members are the workers and
+//! server `j` (the root, rank 0 in them):
+//!
+//! - **push**: at clock `c`, each worker reduces its gradient of shard `j` to the server
+//!   (`reduce_async(Sum)`: a push aggregated on the way); shard 0's push also carries the
+//!   worker's part of the loss;
+//! - **pull**: when the server has applied the optimiser to the sum of clock `c`'s
+//!   gradients, it broadcasts version `c + 1` of its shard; each worker issued that
+//!   `broadcast_async` in advance and uses the newest version that has arrived.
+//!
+//! A worker may start clock `c` only when it holds versions `>= c - s` of every shard (the
+//! staleness bound `s`); it waits otherwise. With `s = 0` this is synchronous training and
+//! gives the same parameters as single-process training. Every communicator is driven by
+//! one thread per rank, always in the same order on every rank: a server rank that also
+//! works issues shard `j`'s pushes from its worker thread and hands the operations to its
+//! server thread, which alone issues the pulls (the broadcasts of new versions) and serves
+//! its own worker through a shared slot. Servers gather their shards to server 0 for
+//! checkpoints over a third communicator that only server threads use.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use xccl::{Communicator, ReduceOp, Work};
+
+use crate::data::shares;
+use crate::error::{Error, Result};
+use crate::metrics::StepStat;
+use crate::optim::Optimizer;
+use crate::params::Chunks;
+use crate::trace::{Kind, Trace};
+use crate::trainer::{Context, Finish, Observer, Start};
+
+/// Parameter-server settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PsConfig {
+    /// Server ranks (the first `servers` ranks), each holding one shard.
+    pub servers: usize,
+    /// Servers only serve; otherwise they are workers too.
+    pub dedicated: bool,
+    /// Staleness bound `s`: a worker at clock `c` needs parameters of version `>= c - s`.
+    pub staleness: u64,
+}
+
+/// Who serves and who works in a job of `size` ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roles {
+    size: usize,
+    servers: usize,
+    dedicated: bool,
+}
+
+impl Roles {
+    /// The roles for `size` ranks; checks that there are servers and workers.
+    pub fn new(size: usize, config: &PsConfig) -> Result<Roles> {
+        let workers = if config.dedicated { size.saturating_sub(config.servers) } else { size };
+        if config.servers == 0 || config.servers > size || workers == 0 {
+            return Err(Error::config(format!(
+                "{} server(s){} on {size} rank(s) leave no workers or no servers: \
+                 use 1 <= --servers <= --dp{}",
+                config.servers,
+                if config.dedicated { " (dedicated)" } else { "" },
+                if config.dedicated { " - 1 with --dedicated-servers" } else { "" }
+            )));
+        }
+        Ok(Roles { size, servers: config.servers, dedicated: config.dedicated })
+    }
+
+    /// Whether `rank` serves a shard.
+    pub fn is_server(&self, rank: usize) -> bool {
+        rank < self.servers
+    }
+
+    /// Whether `rank` computes gradients.
+    pub fn is_worker(&self, rank: usize) -> bool {
+        !self.dedicated || rank >= self.servers
+    }
+
+    /// Number of workers.
+    pub fn workers(&self) -> usize {
+        (0..self.size).filter(|&r| self.is_worker(r)).count()
+    }
+
+    /// The index of worker `rank` among the workers.
+    pub fn worker_index(&self, rank: usize) -> Option<usize> {
+        self.is_worker(rank).then(|| (0..rank).filter(|&r| self.is_worker(r)).count())
+    }
+}
+
+/// The newest version of a shard, published by a server thread to the worker of its rank.
+struct Published {
+    state: Mutex<Slot>,
+    cv: Condvar,
+}
+
+struct Slot {
+    version: u64,
+    values: Vec<f32>,
+    failed: Option<String>,
+}
+
+impl Published {
+    /// A slot holding `version` of a shard.
+    fn new(version: u64, values: Vec<f32>) -> Published {
+        Published { state: Mutex::new(Slot { version, values, failed: None }), cv: Condvar::new() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, version: u64, values: &[f32]) {
+        let mut s = self.lock();
+        s.version = version;
+        s.values.clear();
+        s.values.extend_from_slice(values);
+        self.cv.notify_all();
+    }
+
+    fn fail(&self, why: String) {
+        self.lock().failed = Some(why);
+        self.cv.notify_all();
+    }
+}
+
+/// One clock's push of a shard, as the server receives it: the reduce of the gradients and,
+/// for shard 0, of the loss.
+struct Push {
+    grads: Work<(Vec<f32>, Vec<f32>)>,
+    loss: Option<Work<(Vec<f64>, Vec<f64>)>>,
+}
+
+/// How a worker gets versions of one shard.
+enum Source {
+    /// From the server thread of this rank.
+    Local { slot: Arc<Published>, to_server: Sender<Push> },
+    /// Broadcasts from a server on another rank, issued in advance, oldest first.
+    Remote { pull: Communicator, pulls: VecDeque<Work<Vec<f32>>>, spare: Vec<Vec<f32>> },
+}
+
+/// A worker's view of one shard.
+struct ShardLink {
+    range: Range<usize>,
+    push: Communicator,
+    source: Source,
+    /// The version of the shard this worker holds.
+    version: u64,
+    /// Pushes not known to be complete (remote shards), oldest first.
+    pushes: VecDeque<Work<(Vec<f32>, Vec<f32>)>>,
+    losses: VecDeque<Work<(Vec<f64>, Vec<f64>)>>,
+}
+
+/// The worker side of one rank.
+struct Worker {
+    links: Vec<ShardLink>,
+    params: Vec<f32>,
+    /// The staleness bound.
+    staleness: u64,
+}
+
+impl Worker {
+    /// Makes sure every shard is at version `>= need`, taking the newest that arrived;
+    /// returns the oldest version held and the time spent waiting.
+    fn acquire(&mut self, need: u64, cx: &Context) -> Result<(u64, Duration)> {
+        let mut waited = Duration::ZERO;
+        let mut changed = false;
+        for link in &mut self.links {
+            match &mut link.source {
+                Source::Remote { pulls, spare, .. } => {
+                    while let Some(front) = pulls.front() {
+                        if link.version >= need && !front.is_completed() {
+                            break;
+                        }
+                        let t0 = Instant::now();
+                        let buf = pulls.pop_front().map(Work::wait).transpose()?.unwrap_or_default();
+                        waited += t0.elapsed();
+                        self.params[link.range.clone()].copy_from_slice(&buf);
+                        spare.push(buf);
+                        link.version += 1;
+                        changed = true;
+                    }
+                }
+                Source::Local { slot, .. } => {
+                    let t0 = Instant::now();
+                    let mut s = slot.lock();
+                    while s.version < need && s.failed.is_none() {
+                        s = slot
+                            .cv
+                            .wait_timeout(s, Duration::from_secs(1))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    waited += t0.elapsed();
+                    if let Some(why) = &s.failed {
+                        return Err(Error::Thread(format!("the server thread of this rank failed: {why}")));
+                    }
+                    if s.version > link.version {
+                        self.params[link.range.clone()].copy_from_slice(&s.values);
+                        link.version = s.version;
+                        changed = true;
+                    }
+                }
+            }
+            if link.version < need {
+                return Err(Error::internal(format!("version {need} of a shard was never pulled")));
+            }
+        }
+        if changed {
+            cx.model.params().write(&self.params)?;
+        }
+        let version = self.links.iter().map(|l| l.version).min().unwrap_or(need);
+        Ok((version, waited))
+    }
+
+    /// Pushes clock `clock`'s gradients (taken out of `grads`, which gets fresh zeroed
+    /// chunks) and this worker's part of the loss, and issues the pulls of version
+    /// `clock + 1`.
+    fn push(&mut self, grads: &mut Chunks, loss: f64) -> Result<()> {
+        for (j, link) in self.links.iter_mut().enumerate() {
+            let len = link.range.len();
+            let g = grads.take(j);
+            let fresh = match &mut link.source {
+                Source::Local { to_server, .. } => {
+                    let grads = link.push.reduce_async(g, vec![0.0; len], ReduceOp::Sum, 0);
+                    let loss =
+                        (j == 0).then(|| link.push.reduce_async(vec![loss], vec![0.0], ReduceOp::Sum, 0));
+                    to_server
+                        .send(Push { grads, loss })
+                        .map_err(|_| Error::Thread("the server thread of this rank stopped".into()))?;
+                    vec![0.0; len]
+                }
+                Source::Remote { pull, pulls, spare } => {
+                    link.pushes.push_back(link.push.reduce_async(g, Vec::new(), ReduceOp::Sum, 0));
+                    if j == 0 {
+                        link.losses.push_back(link.push.reduce_async(
+                            vec![loss],
+                            Vec::new(),
+                            ReduceOp::Sum,
+                            0,
+                        ));
+                    }
+                    let buf = spare.pop().unwrap_or_else(|| vec![0.0; len]);
+                    pulls.push_back(pull.broadcast_async(buf, 0));
+                    // Reuse the buffer of the oldest push once it is complete.
+                    let mut reused = None;
+                    while link.pushes.front().is_some_and(Work::is_completed) {
+                        if let Some(w) = link.pushes.pop_front() {
+                            reused = Some(w.wait()?.0);
+                        }
+                    }
+                    while link.losses.front().is_some_and(Work::is_completed) {
+                        if let Some(w) = link.losses.pop_front() {
+                            w.wait()?;
+                        }
+                    }
+                    reused.map_or_else(
+                        || vec![0.0; len],
+                        |mut b| {
+                            b.fill(0.0);
+                            b
+                        },
+                    )
+                }
+            };
+            grads.put(j, fresh)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every outstanding push (reporting their errors).
+    fn drain(&mut self) -> Result<()> {
+        for link in &mut self.links {
+            for w in link.pushes.drain(..) {
+                w.wait()?;
+            }
+            for w in link.losses.drain(..) {
+                w.wait()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a server gets each clock's push from.
+enum Input {
+    /// From the worker thread of its own rank.
+    Channel(Receiver<Push>),
+    /// It issues its part of the reduces itself (a dedicated server contributes zeros).
+    Own(Communicator),
+}
+
+/// One server: a shard, its optimiser and its communicators.
+struct Server {
+    shard: usize,
+    range: Range<usize>,
+    params: Vec<f32>,
+    optimizer: Optimizer,
+    input: Input,
+    pull: Communicator,
+    servers: Communicator,
+    publish: Option<Arc<Published>>,
+    /// Server 0: the loss history.
+    losses: Vec<(u64, f64)>,
+    trace: Trace,
+    /// Set when the worker thread of this rank failed: stop waiting for its pushes.
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Serves clocks `first..steps`; `report(clock, loss)` gets each global loss (shard 0).
+    fn serve(&mut self, cx: &Context, first: u64, report: &mut dyn FnMut(u64, f64)) -> Result<()> {
+        let len = self.range.len();
+        let mut broadcasts: VecDeque<Work<Vec<f32>>> = VecDeque::new();
+        for clock in first..cx.config.steps {
+            let push = match &self.input {
+                Input::Channel(rx) => {
+                    rx.recv().map_err(|_| Error::Thread("the worker thread of this rank stopped".into()))?
+                }
+                Input::Own(push) => Push {
+                    grads: push.reduce_async(vec![0.0; len], vec![0.0; len], ReduceOp::Sum, 0),
+                    loss: (self.shard == 0)
+                        .then(|| push.reduce_async(vec![0.0], vec![0.0], ReduceOp::Sum, 0)),
+                },
+            };
+            let t0 = Instant::now();
+            let (_, sum) = self.wait(push.grads)?;
+            let loss = push.loss.map(|w| self.wait(w)).transpose()?.map(|(_, l)| l[0]);
+            self.trace.record(Kind::Wait, format!("wait gradients {clock}"), t0, Instant::now());
+            let grads = Chunks::from_vec(sum);
+            self.trace.span(|| "optimizer".into(), || self.optimizer.step(&mut self.params, &grads))?;
+            let version = clock + 1;
+            if let Some(p) = &self.publish {
+                p.publish(version, &self.params);
+            }
+            broadcasts.push_back(self.pull.broadcast_async(self.params.clone(), 0));
+            while broadcasts.front().is_some_and(Work::is_completed) {
+                broadcasts.pop_front().map(Work::wait).transpose()?;
+            }
+            if let Some(loss) = loss {
+                self.losses.push((clock, loss));
+                report(clock, loss);
+            }
+            if cx.checkpoint_due(version) {
+                self.checkpoint(cx, version)?;
+            }
+        }
+        for w in broadcasts {
+            w.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `work`, giving up if the worker thread of this rank failed (its peers may
+    /// then never complete the operation).
+    fn wait<B: Send + 'static>(&self, work: Work<B>) -> Result<B> {
+        while !work.is_completed() {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(Error::Thread("stopped because the worker thread of this rank failed".into()));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(work.wait()?)
+    }
+
+    /// Gathers every server's shard and optimiser state to server 0, which writes them.
+    fn checkpoint(&mut self, cx: &Context, version: u64) -> Result<()> {
+        let t0 = Instant::now();
+        let n = cx.model.params().len();
+        let counts: Vec<usize> = shares(n, self.servers.size()).iter().map(Range::len).collect();
+        let gather = |v: &[f32]| -> Result<Vec<f32>> {
+            let mut all = vec![0.0; n];
+            self.servers.all_gather_v(v, &mut all, &counts)?;
+            Ok(all)
+        };
+        let params = gather(&self.params)?;
+        let state = self.optimizer.state().iter().map(|s| gather(s)).collect::<Result<Vec<_>>>()?;
+        if self.shard == 0 {
+            cx.save(version, params, state, &self.losses)?;
+        }
+        self.trace.record(Kind::Compute, "checkpoint".into(), t0, Instant::now());
+        Ok(())
+    }
+
+    /// [`serve`](Self::serve), telling the worker of this rank if it fails.
+    fn run(&mut self, cx: &Context, first: u64, report: &mut dyn FnMut(u64, f64)) -> Result<()> {
+        let r = self.serve(cx, first, report);
+        if let (Err(e), Some(p)) = (&r, &self.publish) {
+            p.fail(e.to_string());
+        }
+        r
+    }
+}
+
+/// The communicators of one rank: per shard a push and a pull group (`None` where this
+/// rank is not a member), and the servers' group.
+struct Groups {
+    push: Vec<Option<Communicator>>,
+    pull: Vec<Option<Communicator>>,
+    servers: Option<Communicator>,
+}
+
+impl Groups {
+    /// Splits `world` collectively, in the same order on every rank.
+    fn split(world: &Communicator, roles: &Roles, shards: usize, record: bool) -> Result<Groups> {
+        let rank = world.rank();
+        let (mut push, mut pull) = (Vec::new(), Vec::new());
+        for j in 0..shards {
+            let member = roles.is_worker(rank) || rank == j;
+            // The server is rank 0 of its shard's groups.
+            let key = if rank == j { -1 } else { rank as i32 };
+            push.push(world.split(member.then_some(2 * j as u32), key)?);
+            pull.push(world.split(member.then_some(2 * j as u32 + 1), key)?);
+        }
+        let servers = world.split(roles.is_server(rank).then_some(u32::MAX), rank as i32)?;
+        let groups = Groups { push, pull, servers };
+        for c in groups.all() {
+            c.record_timeline(record);
+        }
+        Ok(groups)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Communicator> {
+        self.push.iter().chain(&self.pull).flatten().chain(&self.servers)
+    }
+
+    /// Shard `j`'s push and pull groups.
+    fn shard(&self, j: usize) -> Result<(Communicator, Communicator)> {
+        match (&self.push[j], &self.pull[j]) {
+            (Some(p), Some(q)) => Ok((p.clone(), q.clone())),
+            _ => Err(Error::internal(format!("this rank is not in shard {j}'s groups"))),
+        }
+    }
+
+    /// Moves every group's operations into `trace`.
+    fn trace_into(&self, trace: &mut Trace) {
+        for (j, c) in self.push.iter().enumerate() {
+            if let Some(c) = c {
+                trace.add_ops(&format!("comm push {j}"), c.take_timeline());
+            }
+        }
+        for (j, c) in self.pull.iter().enumerate() {
+            if let Some(c) = c {
+                trace.add_ops(&format!("comm pull {j}"), c.take_timeline());
+            }
+        }
+        if let Some(s) = &self.servers {
+            trace.add_ops("comm servers", s.take_timeline());
+        }
+    }
+}
+
+/// The server of shard `rank` on a server rank, starting from `start`.
+fn server(cx: &Context, groups: &Groups, ranges: &[Range<usize>], start: &Start) -> Result<Option<Server>> {
+    let j = cx.world.rank();
+    let Some(servers) = &groups.servers else { return Ok(None) };
+    let range = ranges[j].clone();
+    let state = start.optimizer.state().iter().map(|s| s[range.clone()].to_vec()).collect();
+    let (push, pull) = groups.shard(j)?;
+    Ok(Some(Server {
+        shard: j,
+        params: start.params[range.clone()].to_vec(),
+        range,
+        optimizer: Optimizer::restore(*start.optimizer.config(), start.step, state)?,
+        input: Input::Own(push),
+        pull,
+        servers: servers.clone(),
+        publish: None,
+        losses: start.losses.clone(),
+        trace: Trace::new(format!("server {j}"), cx.config.trace),
+        stop: Arc::new(AtomicBool::new(false)),
+    }))
+}
+
+/// The worker of this rank: links to every shard. The shard this rank serves (if it
+/// does) is wired to `server` through a channel and a shared slot.
+fn worker(
+    groups: &Groups,
+    ranges: &[Range<usize>],
+    start: &Start,
+    staleness: u64,
+    mut server: Option<&mut Server>,
+) -> Result<Worker> {
+    let mut links = Vec::new();
+    for (j, range) in ranges.iter().enumerate() {
+        let (push, pull) = groups.shard(j)?;
+        let source = match server.as_deref_mut() {
+            Some(s) if s.shard == j => {
+                let slot = Arc::new(Published::new(start.step, start.params[range.clone()].to_vec()));
+                let (tx, rx) = channel();
+                s.input = Input::Channel(rx);
+                s.publish = Some(slot.clone());
+                Source::Local { slot, to_server: tx }
+            }
+            _ => Source::Remote { pull, pulls: VecDeque::new(), spare: Vec::new() },
+        };
+        let (pushes, losses) = (VecDeque::new(), VecDeque::new());
+        links.push(ShardLink { range: range.clone(), push, source, version: start.step, pushes, losses });
+    }
+    Ok(Worker { links, params: start.params.clone(), staleness })
+}
+
+/// The worker loop: clocks `first..steps` as worker `index` of `workers`, then the final
+/// version of every shard. Global losses arriving on `reports` go to the observer.
+fn work(
+    cx: &Context,
+    worker: &mut Worker,
+    (index, workers): (usize, usize),
+    first: u64,
+    trace: &mut Trace,
+    observer: &mut dyn Observer,
+    reports: &Receiver<(u64, f64)>,
+) -> Result<Vec<StepStat>> {
+    let shard_lens: Vec<usize> = worker.links.iter().map(|l| l.range.len()).collect();
+    let mut grads = Chunks::new(&shard_lens);
+    let mut stats = Vec::new();
+    for clock in first..cx.config.steps {
+        let t0 = Instant::now();
+        let need = clock.saturating_sub(worker.staleness);
+        let (version, waited) = worker.acquire(need, cx)?;
+        trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
+        let (share, norm) = trace.span(|| "data".into(), || cx.share(clock, index, workers));
+        let loss = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
+        worker.push(&mut grads, loss)?;
+        let stat = StepStat {
+            step: clock,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait: waited.as_secs_f64(),
+            version: Some(version),
+        };
+        observer.step(&stat);
+        stats.push(stat);
+        for (clock, loss) in reports.try_iter() {
+            observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
+        }
+    }
+    let t0 = Instant::now();
+    worker.acquire(cx.config.steps, cx)?;
+    worker.drain()?;
+    trace.record(Kind::Wait, "wait final version".into(), t0, Instant::now());
+    Ok(stats)
+}
+
+/// The parameter-server loop of one rank.
+pub(crate) fn run(
+    cx: &Context,
+    config: PsConfig,
+    start: Start,
+    trace: &mut Trace,
+    observer: &mut dyn Observer,
+) -> Result<Finish> {
+    let world = cx.world;
+    let rank = world.rank();
+    let roles = Roles::new(world.size(), &config)?;
+    let ranges = shares(cx.model.params().len(), config.servers);
+    let groups = Groups::split(world, &roles, config.servers, cx.config.trace)?;
+    let mut server = server(cx, &groups, &ranges, &start)?;
+    let mut stats = Vec::new();
+    let mut final_params = start.params.clone();
+    match (roles.worker_index(rank), server.as_mut()) {
+        (None, Some(server)) => {
+            // A dedicated server: serve on this thread.
+            let started = cx.started;
+            server.run(cx, start.step, &mut |clock, loss| {
+                observer.loss(clock, loss, started.elapsed().as_secs_f64())
+            })?;
+        }
+        (Some(index), mut server) => {
+            let stop = server.as_ref().map(|s| s.stop.clone());
+            let mut worker = worker(&groups, &ranges, &start, config.staleness, server.as_deref_mut())?;
+            let (to_report, reports) = channel();
+            let first = start.step;
+            std::thread::scope(|scope| -> Result<()> {
+                let serving = server.map(|s| {
+                    scope.spawn(move || {
+                        s.run(cx, first, &mut |clock, loss| {
+                            let _ = to_report.send((clock, loss));
+                        })
+                    })
+                });
+                let done = (index, roles.workers());
+                let worked = work(cx, &mut worker, done, first, trace, observer, &reports);
+                if worked.is_err() {
+                    // Tell the server thread to stop waiting for this worker's pushes.
+                    if let Some(stop) = &stop {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    worker.links.clear();
+                }
+                let served = match serving {
+                    Some(h) => h.join().map_err(|_| Error::Thread("the server thread panicked".into()))?,
+                    None => Ok(()),
+                };
+                for (clock, loss) in reports.try_iter() {
+                    observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
+                }
+                stats = worked?;
+                served
+            })?;
+            final_params = worker.params;
+        }
+        (None, None) => return Err(Error::internal("a rank that neither works nor serves")),
+    }
+    let mut losses = Vec::new();
+    if let Some(s) = server {
+        losses = s.losses;
+        trace.absorb(s.trace);
+    }
+    // Every rank ends with the final parameters: the first worker's, broadcast.
+    let first_worker = (0..world.size()).find(|&r| roles.is_worker(r)).unwrap_or(0);
+    world.broadcast(&mut final_params, first_worker)?;
+    groups.trace_into(trace);
+    let role = match (roles.is_worker(rank), roles.is_server(rank)) {
+        (true, true) => "worker+server",
+        (true, false) => "worker",
+        _ => "server",
+    };
+    Ok(Finish { params: final_params, steps: stats, losses, role })
+}
