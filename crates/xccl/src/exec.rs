@@ -1104,12 +1104,15 @@ impl Engine {
     /// One pass over local copies and the outgoing and incoming streams of every peer the
     /// step talks to.
     fn pump_all(&mut self, run: &mut StepRun<'_>) -> Result<bool> {
-        let mut progress = run.local_copies();
+        let mut progress = false;
         for k in 0..run.touched.len() {
             let peer = run.touched[k];
             progress |= self.pump_out(run, peer)?;
             progress |= self.pump_in(run, peer)?;
         }
+        // Local copies last: the messages a pass can send go out first, and peers work on
+        // them while this rank copies.
+        progress |= run.local_copies();
         Ok(progress)
     }
 

@@ -72,9 +72,12 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
 pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
     let own = Region::new(Buf::Input, 0, blocks.len_of(rank));
-    p.step().copy(own, blocks.region(Buf::Output, rank));
     if blocks.count() > 1 {
         all_gather_step(&mut p, rank, blocks, own);
+    } else {
+        p.step();
     }
+    // The own block is copied after the messages are out.
+    p.steps[0].copy(own, blocks.region(Buf::Output, rank));
     p
 }

@@ -1,4 +1,7 @@
-//! Linear scatter and gather: the root exchanges one block directly with every other rank.
+//! Linear scatter, gather and broadcast: the root exchanges directly with every other rank,
+//! in one step. On shared memory with single-copy transfers every receiver copies from the
+//! root's buffer at once, so a broadcast costs one copy per rank, all in parallel, with no
+//! rank waiting for another to pass the data on.
 
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -20,9 +23,25 @@ pub fn scatter(rank: usize, n: usize, block: usize, root: usize) -> Program {
         for q in others(n, root) {
             step.send(q, blocks.region(Buf::Input, q));
         }
+        // After the sends, so that the receivers start while the root copies its block.
         step.copy(blocks.region(Buf::Input, root), out);
     } else {
         step.recv(root, out);
+    }
+    p
+}
+
+/// Broadcast of `count` elements from `root` (in place: the buffer is the output).
+pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
+    let mut p = Program::new();
+    let all = Region::new(Buf::Output, 0, count);
+    let step = p.step();
+    if rank == root {
+        for q in others(n, root) {
+            step.send(q, all);
+        }
+    } else {
+        step.recv(root, all);
     }
     p
 }

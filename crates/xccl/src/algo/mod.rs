@@ -40,7 +40,7 @@ pub enum Algorithm {
     Ring = 1,
     /// Binomial tree rooted at the root, pipelined in segments.
     Binomial = 2,
-    /// The root talks to every other rank directly.
+    /// The root talks to every other rank directly, in one step.
     Linear = 3,
     /// All-to-all in `n-1` rounds of pairwise exchange.
     Pairwise = 4,
@@ -131,7 +131,7 @@ impl Algorithm {
             ],
             CollKind::AllGather => &[A::Ring, A::RecursiveDoubling, A::Bruck, A::Direct],
             CollKind::ReduceScatter => &[A::Ring, A::RecursiveHalving, A::Direct],
-            CollKind::Broadcast => &[A::Binomial, A::ScatterAllGather, A::Chain],
+            CollKind::Broadcast => &[A::Binomial, A::ScatterAllGather, A::Chain, A::Linear],
             CollKind::Reduce => &[A::Binomial],
             CollKind::Scatter | CollKind::Gather => &[A::Linear],
             CollKind::AllToAll => &[A::Pairwise, A::Bruck],
@@ -290,6 +290,7 @@ pub fn build(
             scatter_allgather::broadcast(rank, n, *c, root)
         }
         (K::Broadcast, A::Chain, Shape::Count(c)) => chain::broadcast(rank, n, *c, root),
+        (K::Broadcast, A::Linear, Shape::Count(c)) => linear::broadcast(rank, n, *c, root),
         (K::Reduce, A::Binomial, Shape::Count(c)) => tree::reduce(rank, n, *c, root),
         (K::Scatter, A::Linear, Shape::Count(c)) => linear::scatter(rank, n, *c, root),
         (K::Gather, A::Linear, Shape::Count(c)) => linear::gather(rank, n, *c, root),

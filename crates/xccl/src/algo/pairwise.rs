@@ -9,11 +9,15 @@ pub fn all_to_all(rank: usize, send: &Blocks, recv: &Blocks) -> Program {
     // Ranks cannot tell locally whether the whole exchange is empty (counts differ per rank),
     // so every pair exchanges a message, possibly empty.
     let mut p = Program::new();
-    p.step().copy(send.region(Buf::Input, rank), recv.region(Buf::Output, rank));
     for s in 1..n {
         let to = (rank + s) % n;
         let from = (rank + n - s) % n;
         p.step().send(to, send.region(Buf::Input, to)).recv(from, recv.region(Buf::Output, from));
     }
+    if n == 1 {
+        p.step();
+    }
+    // The own block is copied in the first round, after its message is out.
+    p.steps[0].copy(send.region(Buf::Input, rank), recv.region(Buf::Output, rank));
     p
 }

@@ -106,11 +106,14 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
 pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
     let own = Region::new(Buf::Input, 0, blocks.len_of(rank));
-    p.step().copy(own, blocks.region(Buf::Output, rank));
+    let members: Vec<usize> = (0..blocks.count()).collect();
     if blocks.count() > 1 {
-        let members: Vec<usize> = (0..blocks.count()).collect();
         all_gather_steps(&mut p, rank, &members, blocks, own);
+    } else {
+        p.step();
     }
+    // The own block is copied in the first step, after its messages are out.
+    p.steps[0].copy(own, blocks.region(Buf::Output, rank));
     p
 }
 
