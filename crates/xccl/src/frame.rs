@@ -18,7 +18,7 @@ pub(crate) const HEADER_LEN: usize = 72;
 /// "XCCL" in little-endian byte order.
 const MAGIC: u32 = u32::from_le_bytes(*b"XCCL");
 /// Bumped on any incompatible change of the frame layout.
-pub(crate) const WIRE_VERSION: u8 = 1;
+pub(crate) const WIRE_VERSION: u8 = 2;
 /// The largest payload one frame may carry; anything larger is refused unread.
 pub(crate) const MAX_PAYLOAD: usize = 64 << 20;
 /// The largest abort reason accepted from a peer.
@@ -46,9 +46,15 @@ pub(crate) enum FrameKind {
     Pull = 4,
     /// The receiver has copied a pulled segment. Payload: its length (`u64`).
     Ack = 5,
+    /// The receiver of a pulled message asks its sender to write the message's tail into the
+    /// receiver's memory while it copies the head itself. Payload: where (the address of the
+    /// tail's destination) and from which byte of the message (`u64` each).
+    Push = 6,
+    /// The sender has written the tail a `Push` asked for. Payload: its length (`u64`).
+    Pushed = 7,
 }
 
-/// Payload bytes of a pull descriptor and of an acknowledgement.
+/// Payload bytes of a pull descriptor or push request, and of an acknowledgement.
 pub(crate) const PULL_LEN: usize = 16;
 pub(crate) const ACK_LEN: usize = 8;
 
@@ -284,6 +290,8 @@ impl Header {
             3 => FrameKind::Goodbye,
             4 => FrameKind::Pull,
             5 => FrameKind::Ack,
+            6 => FrameKind::Push,
+            7 => FrameKind::Pushed,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let coll = CollKind::from_tag(b[6]).ok_or_else(|| format!("unknown operation tag {}", b[6]))?;
@@ -308,8 +316,8 @@ impl Header {
             offset: u64_at(64),
         };
         let fixed = match kind {
-            FrameKind::Pull => Some(PULL_LEN),
-            FrameKind::Ack => Some(ACK_LEN),
+            FrameKind::Pull | FrameKind::Push => Some(PULL_LEN),
+            FrameKind::Ack | FrameKind::Pushed => Some(ACK_LEN),
             _ => None,
         };
         if let Some(want) = fixed {

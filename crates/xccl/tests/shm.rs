@@ -65,6 +65,18 @@ fn subset(c: &Communicator) {
                 .all(|(k, x)| *x == val::<u32>(ReduceOp::Sum, k / block.max(1), k % block.max(1), 4))
         );
     }
+    // Messages of 1 to 4 MiB one way: the receiver copies the head while the sender writes
+    // the tail (with a core per rank).
+    let mut big = input::<u32>(ReduceOp::Sum, r, 500_003, 5);
+    c.broadcast(&mut big, 0).unwrap();
+    assert!(big.iter().enumerate().all(|(i, x)| *x == val::<u32>(ReduceOp::Sum, 0, i, 5)), "broadcast 2 MB");
+    let block = 262_147;
+    let mut mine = vec![0u32; block];
+    c.scatter(&input::<u32>(ReduceOp::Sum, r, block * n, 6), &mut mine, n - 1).unwrap();
+    assert!(mine.iter().enumerate().all(|(i, x)| *x == val::<u32>(ReduceOp::Sum, n - 1, r * block + i, 6)));
+    let mut all = vec![0u32; if r == 0 { block * n } else { 0 }];
+    c.gather(&input::<u32>(ReduceOp::Sum, r, block, 7), &mut all, 0).unwrap();
+    assert!(all.iter().enumerate().all(|(k, x)| *x == val::<u32>(ReduceOp::Sum, k / block, k % block, 7)));
     let s = c.isend(vec![r as f64; 300_000], (r + 1) % n, 1);
     let got = c.irecv(vec![0f64; 300_000], (r + n - 1) % n, 1).wait().unwrap();
     assert!(got.iter().all(|x| *x == ((r + n - 1) % n) as f64));

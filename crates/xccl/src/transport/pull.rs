@@ -1,8 +1,9 @@
 //! Pulling: a receiver copies a message straight out of the sender's memory, in one copy,
-//! instead of the sender copying it through a ring. Ranks that are threads of one process
-//! copy directly; processes of one host use cross-memory attach (`process_vm_readv`) where
-//! the kernel allows it (same user, no restrictive ptrace policy), which is probed when the
-//! shared-memory segment is set up.
+//! instead of the sender copying it through a ring (and, for a large message, the sender
+//! writes the tail straight into the receiver's memory meanwhile). Ranks that are threads of
+//! one process copy directly; processes of one host use cross-memory attach
+//! (`process_vm_readv`, `process_vm_writev`) where the kernel allows it (same user, no
+//! restrictive ptrace policy), which is probed when the shared-memory segment is set up.
 
 use std::io;
 
@@ -32,30 +33,64 @@ pub(crate) unsafe fn copy(from: Pull, addr: u64, dst: &mut [u8]) -> io::Result<(
             unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
             Ok(())
         }
-        Pull::Process(pid) => {
-            let mut done = 0;
-            while done < dst.len() {
-                let local =
-                    libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
-                let remote = libc::iovec {
-                    iov_base: (addr as usize + done) as *mut libc::c_void,
-                    iov_len: dst.len() - done,
-                };
-                // SAFETY: `local` describes writable memory we own (the rest of `dst`); the
-                // kernel validates `remote` against the other process's address space and
-                // fails (EFAULT) rather than reading outside it.
-                let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-                if n < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if n == 0 {
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer memory ended"));
-                }
-                done += n as usize;
-            }
+        Pull::Process(pid) => cross(pid, dst.as_mut_ptr(), dst.len(), addr, Direction::Read),
+    }
+}
+
+/// Writes `src` at address `addr` of `to`.
+///
+/// # Safety
+/// `addr..addr + src.len()` must be memory of the target that may take these bytes and that
+/// nothing else touches during the call (the push protocol: a receiver names part of its own
+/// receive buffer, and leaves it alone until the sender says it is written). For
+/// [`Pull::Local`] it must moreover be valid memory of this process, disjoint from `src`.
+pub(crate) unsafe fn write(to: Pull, addr: u64, src: &[u8]) -> io::Result<()> {
+    match to {
+        Pull::Local => {
+            // SAFETY: forwarded to the caller.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as usize as *mut u8, src.len()) };
             Ok(())
         }
+        // The kernel only reads `src` for a write.
+        Pull::Process(pid) => cross(pid, src.as_ptr().cast_mut(), src.len(), addr, Direction::Write),
     }
+}
+
+/// Which way a cross-memory copy goes.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// Moves `len` bytes between `local` (this process) and `addr` of process `pid`, retrying
+/// partial transfers.
+fn cross(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let here = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };
+        let there = libc::iovec {
+            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: `here` describes `len - done` bytes of the caller's buffer (written for a
+        // read, only read for a write); the kernel validates `there` against the other
+        // process's address space and fails (EFAULT) rather than touching anything outside it.
+        let n = unsafe {
+            match dir {
+                Direction::Read => libc::process_vm_readv(pid, &here, 1, &there, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid, &here, 1, &there, 1, 0),
+            }
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer memory ended"));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 /// Whether this process can read process `pid`'s memory: reads its [`PROBE`] at `addr`.
@@ -82,6 +117,11 @@ mod tests {
         unsafe { copy(Pull::Process(me), src[50..].as_ptr() as u64, &mut dst2) }.unwrap();
         assert_eq!(&dst2[..], &src[50..150]);
         assert!(probe(me, &raw const PROBE as u64));
+        let mut target = [0u8; 64];
+        // SAFETY: the write stays inside `target`, which nothing else touches.
+        unsafe { write(Pull::Process(me), target[8..].as_mut_ptr() as u64, &src[..32]) }.unwrap();
+        assert_eq!(&target[8..40], &src[..32]);
+        assert!(target[..8].iter().chain(&target[40..]).all(|b| *b == 0));
         assert!(!probe(me, src.as_ptr() as u64));
     }
 }
