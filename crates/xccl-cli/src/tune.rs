@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xccl::algo::tune::{CostModel, Costing, LinkClass, LinkCost, Topology};
+use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Topology};
 use xccl::algo::{Algorithm, Shape};
 use xccl::bootstrap::Rendezvous;
 use xccl::{CollKind, Communicator, Config, DType, ReduceOp};
@@ -66,6 +66,13 @@ struct FitArgs {
     /// Record files written by `xccl tune measure`.
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Write the fitted constants here, as a tuning file for `XCCL_TUNE_FILE`.
+    #[arg(short, long)]
+    out: Option<PathBuf>,
+    /// Only check the default constants (those built in, or `XCCL_TUNE_FILE`'s) against the
+    /// records: no fitting.
+    #[arg(long)]
+    check: bool,
 }
 
 /// Runs `xccl tune`.
@@ -291,32 +298,61 @@ fn parse_records(files: &[PathBuf]) -> xccl::Result<Vec<Record>> {
     Ok(records)
 }
 
-/// The fitted parameters, as log-values: per class alpha (µs), beta, gamma, delta (GB/s),
-/// then the hand-off (µs).
-fn to_params(m: &CostModel) -> Vec<f64> {
+/// Which efficiency each fitted factor pair belongs to: every (collective, algorithm,
+/// crowded) of the records.
+type Keys = Vec<(CollKind, Algorithm, bool)>;
+
+/// Weight of the pull of every efficiency factor towards 1 (in squared log units): where
+/// the measurements say little about a factor, it stays near the plain model.
+const PRIOR: f64 = 0.05;
+
+/// The parameters, as logarithms: per link class alpha (µs), beta, gamma, delta (GB/s), the
+/// hand-off (µs), then per key the latency and the bandwidth factor.
+fn to_params(m: &CostModel, keys: &Keys) -> Vec<f64> {
     let mut p = Vec::new();
     for c in [m.local, m.shm, m.tcp] {
         p.extend([c.alpha * 1e6, 1e-9 / c.beta, 1e-9 / c.gamma, 1e-9 / c.delta].map(f64::ln));
     }
     p.push((m.switch * 1e6).max(1e-3).ln());
+    for &(kind, algo, crowded) in keys {
+        let (l, b) = m.factors(kind, algo, crowded);
+        p.extend([l.ln(), b.ln()]);
+    }
     p
 }
 
-fn from_params(p: &[f64]) -> CostModel {
+fn from_params(p: &[f64], keys: &Keys) -> CostModel {
     let class = |i: usize| LinkCost::new(p[i].exp(), p[i + 1].exp(), p[i + 2].exp(), p[i + 3].exp());
-    CostModel { local: class(0), shm: class(4), tcp: class(8), switch: p[12].exp() * 1e-6 }
+    let efficiency = keys
+        .iter()
+        .enumerate()
+        .map(|(k, &(kind, algo, crowded))| Efficiency {
+            kind,
+            algo,
+            crowded,
+            latency: p[13 + 2 * k].exp(),
+            bandwidth: p[14 + 2 * k].exp(),
+        })
+        .collect();
+    CostModel { local: class(0), shm: class(4), tcp: class(8), switch: p[12].exp() * 1e-6, efficiency }
 }
 
-fn error(records: &[Record], m: &CostModel) -> f64 {
-    records.iter().map(|r| (r.costing.time(m) / r.seconds).ln().powi(2)).sum()
+/// Squared log error of the predictions, plus the prior on the factors.
+fn error(records: &[Record], p: &[f64], keys: &Keys) -> f64 {
+    let m = from_params(p, keys);
+    let misfit: f64 = records.iter().map(|r| (r.costing.time(&m) / r.seconds).ln().powi(2)).sum();
+    misfit + PRIOR * p[13..].iter().map(|x| x * x).sum::<f64>()
 }
 
 /// Fits the constants the records can tell about, starting from `start`: coordinate descent
-/// on the logarithms, halving the step when no move helps. Returns the model, the
-/// constants that moved (per class alpha, beta, gamma, delta; then the hand-off) and the
-/// remaining squared log error.
+/// on the logarithms, halving the step when no move helps. Returns the model, the link
+/// classes and hand-off that moved (per class alpha, beta, gamma, delta; then the hand-off)
+/// and the remaining squared log error of the predictions.
 fn fit_model(records: &[Record], start: &CostModel) -> (CostModel, Vec<bool>, f64) {
-    let mut used = vec![false; 13];
+    let mut keys: Keys = records.iter().map(|r| (r.kind, r.algo, r.crowded)).collect();
+    keys.sort_by_key(|&(k, a, c)| (k as u8, a as u8, c));
+    keys.dedup();
+    let mut used = vec![false; 13 + 2 * keys.len()];
     for r in records {
         for (i, class) in [LinkClass::Local, LinkClass::Shm, LinkClass::Tcp].into_iter().enumerate() {
             if r.classes.contains(&class) {
@@ -325,8 +361,9 @@ fn fit_model(records: &[Record], start: &CostModel) -> (CostModel, Vec<bool>, f6
         }
         used[12] |= r.crowded;
     }
-    let mut p = to_params(start);
-    let mut best = error(records, &from_params(&p));
+    used[13..].iter_mut().for_each(|u| *u = true);
+    let mut p = to_params(start, &keys);
+    let mut best = error(records, &p, &keys);
     let mut step = 0.5f64;
     while step > 0.005 {
         let mut improved = false;
@@ -334,7 +371,7 @@ fn fit_model(records: &[Record], start: &CostModel) -> (CostModel, Vec<bool>, f6
             for dir in [step, -step] {
                 let mut q = p.clone();
                 q[i] += dir;
-                let e = error(records, &from_params(&q));
+                let e = error(records, &q, &keys);
                 if e < best {
                     (p, best) = (q, e);
                     improved = true;
@@ -345,29 +382,53 @@ fn fit_model(records: &[Record], start: &CostModel) -> (CostModel, Vec<bool>, f6
             step /= 2.0;
         }
     }
-    (from_params(&p), used, best)
+    let fitted = from_params(&p, &keys);
+    let misfit = records.iter().map(|r| (r.costing.time(&fitted) / r.seconds).ln().powi(2)).sum();
+    used.truncate(13);
+    (fitted, used, misfit)
 }
 
 fn fit(args: &FitArgs) -> xccl::Result<()> {
     let records = parse_records(&args.files)?;
-    let default = CostModel::default();
-    let (fitted, used, best) = fit_model(&records, &default);
-    let show = |c: &LinkCost| {
-        format!("{:.3},{:.3},{:.3},{:.3}", c.alpha * 1e6, 1e-9 / c.beta, 1e-9 / c.gamma, 1e-9 / c.delta)
+    let default = Config::from_env()?.costs;
+    let rms = |m: &CostModel| {
+        let e: f64 = records.iter().map(|r| (r.costing.time(m) / r.seconds).ln().powi(2)).sum();
+        (e / records.len() as f64).sqrt()
     };
-    println!(
-        "# fitted over {} measurements: rms log error {:.3}",
-        records.len(),
-        (best / records.len() as f64).sqrt()
-    );
-    for (name, c, i) in [("LOCAL", &fitted.local, 0), ("SHM", &fitted.shm, 4), ("TCP", &fitted.tcp, 8)] {
-        if used[i] {
-            println!("XCCL_TUNE_{name}={}", show(c));
+    let fitted = if args.check {
+        println!(
+            "# the default constants against {} measurements: rms log error {:.3}",
+            records.len(),
+            rms(&default)
+        );
+        default.clone()
+    } else {
+        let (fitted, used, _) = fit_model(&records, &default);
+        println!("# fitted over {} measurements: rms log error {:.3}", records.len(), rms(&fitted));
+        let show = |c: &LinkCost| {
+            format!("{:.3},{:.3},{:.3},{:.3}", c.alpha * 1e6, 1e-9 / c.beta, 1e-9 / c.gamma, 1e-9 / c.delta)
+        };
+        for (name, c, i) in [("LOCAL", &fitted.local, 0), ("SHM", &fitted.shm, 4), ("TCP", &fitted.tcp, 8)] {
+            if used[i] {
+                println!("# link constants: XCCL_TUNE_{name}={}", show(c));
+            }
         }
-    }
-    if used[12] {
-        println!("XCCL_TUNE_SWITCH_US={:.2}", fitted.switch * 1e6);
-    }
+        if used[12] {
+            println!("# hand-off: XCCL_TUNE_SWITCH_US={:.2}", fitted.switch * 1e6);
+        }
+        println!("# {} algorithm efficiencies fitted", fitted.efficiency.len());
+        if let Some(path) = &args.out {
+            let text = format!(
+                "# Written by xccl tune fit from {} measurements; use with XCCL_TUNE_FILE.\n{}",
+                records.len(),
+                fitted.to_text()
+            );
+            std::fs::write(path, text)
+                .map_err(|e| xccl::Error::io(format!("writing {}", path.display()), e))?;
+            println!("# wrote {}", path.display());
+        }
+        fitted
+    };
     // Picks per table, collective and size, under the fitted and the default constants.
     let mut cases: BTreeMap<(String, &'static str, usize), Vec<&Record>> = BTreeMap::new();
     for r in &records {

@@ -360,11 +360,10 @@ impl Server {
     /// Waits for `work`, giving up if the worker thread of this rank failed (its peers may
     /// then never complete the operation).
     fn wait<B: Send + 'static>(&self, work: Work<B>) -> Result<B> {
-        while !work.is_completed() {
+        while !work.wait_for(Duration::from_millis(10)) {
             if self.stop.load(Ordering::Relaxed) {
                 return Err(Error::Thread("stopped because the worker thread of this rank failed".into()));
             }
-            std::thread::sleep(Duration::from_micros(100));
         }
         Ok(work.wait()?)
     }

@@ -72,6 +72,16 @@ impl Completion {
     pub fn wait_result(&self) -> Result<()> {
         self.wait().0
     }
+
+    /// Blocks until done or until `timeout` has passed; whether it is done.
+    fn wait_for(&self, timeout: Duration) -> bool {
+        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (s, _) = self
+            .cv
+            .wait_timeout_while(s, timeout, |s| s.result.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        s.result.is_some()
+    }
 }
 
 /// A handle on one asynchronous operation; [`Work::wait`] gives its buffers back.
@@ -102,6 +112,13 @@ impl<B: Send + 'static> Work<B> {
     /// Whether the operation has completed (successfully or not).
     pub fn is_completed(&self) -> bool {
         self.done.is_done()
+    }
+
+    /// Blocks until the operation has completed or `timeout` has passed, and says whether
+    /// it has: a thread that must also watch something else (a stop flag) waits in slices
+    /// without polling. [`Work::wait`] then returns at once.
+    pub fn wait_for(&self, timeout: Duration) -> bool {
+        self.done.wait_for(timeout)
     }
 }
 

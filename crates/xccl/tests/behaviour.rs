@@ -104,6 +104,27 @@ fn a_duplicate_keeps_the_ranks_and_runs_its_own_settings_alongside() {
 }
 
 #[test]
+fn waiting_in_slices_returns_when_the_operation_completes() {
+    on_ranks(2, test_config(), |c| {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let work = c.all_reduce_async(vec![c.rank() as u32 + 1; 10], ReduceOp::Sum);
+        let start = Instant::now();
+        let mut slices = 0;
+        while !work.wait_for(Duration::from_millis(20)) {
+            slices += 1;
+            assert!(start.elapsed() < Duration::from_secs(20), "never completed");
+        }
+        // Rank 0 waited for rank 1 to arrive, slice by slice.
+        if c.rank() == 0 {
+            assert!(slices >= 3, "{slices} slices");
+        }
+        assert_eq!(work.wait().unwrap(), vec![3; 10]);
+    });
+}
+
+#[test]
 fn async_operations_overlap_compute_and_complete_in_issue_order() {
     on_ranks(4, test_config(), |c| {
         let r = c.rank();

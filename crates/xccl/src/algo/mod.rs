@@ -199,10 +199,7 @@ impl AlgoOverrides {
             let (coll, algo) = item.split_once(':').ok_or_else(|| {
                 Error::Config(format!("XCCL_ALGO item '{item}' is not COLLECTIVE:ALGORITHM"))
             })?;
-            let norm = coll.trim().replace('_', "").to_ascii_lowercase();
-            let kind = ALL_COLLECTIVES
-                .into_iter()
-                .find(|k| k.name().replace('_', "") == norm)
+            let kind = collective_named(coll)
                 .ok_or_else(|| Error::Config(format!("XCCL_ALGO names unknown collective '{coll}'")))?;
             let algo: Algorithm = algo.trim().parse()?;
             if !Algorithm::for_collective(kind).contains(&algo) {
@@ -229,6 +226,12 @@ impl AlgoOverrides {
         self.0.insert(kind, algo);
         Ok(())
     }
+}
+
+/// The collective called `name` (`all_reduce`, `allreduce`, ...), if any.
+pub fn collective_named(name: &str) -> Option<CollKind> {
+    let norm = name.trim().replace('_', "").to_ascii_lowercase();
+    ALL_COLLECTIVES.into_iter().find(|k| k.name().replace('_', "") == norm)
 }
 
 const ALL_COLLECTIVES: [CollKind; 9] = [

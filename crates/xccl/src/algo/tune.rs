@@ -83,8 +83,27 @@ impl LinkCost {
     }
 }
 
-/// The constants of every link class.
+/// How one algorithm's implementation of one collective runs compared with what the cost
+/// of its schedule says: factors on the latency terms (`alpha`, hand-offs, forwarding hops)
+/// and on the bandwidth terms (`beta`, `gamma`, `delta`), on hosts with a core per rank or
+/// on crowded ones. They capture what a schedule's counts cannot: how much of a step's
+/// traffic really overlaps, how caches fare, how ranks that share cores interleave.
 #[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Efficiency {
+    /// The collective.
+    pub kind: CollKind,
+    /// The algorithm.
+    pub algo: Algorithm,
+    /// For hosts with more ranks than cores.
+    pub crowded: bool,
+    /// Factor on the latency terms.
+    pub latency: f64,
+    /// Factor on the bandwidth terms.
+    pub bandwidth: f64,
+}
+
+/// The constants of every link class, and the algorithms' efficiencies.
+#[derive(Clone, Debug, PartialEq)]
 pub struct CostModel {
     /// Threads of one process.
     pub local: LinkCost,
@@ -95,26 +114,40 @@ pub struct CostModel {
     /// Seconds each message a rank waits for costs on a crowded host (more ranks than cores),
     /// for handing the core over to its sender.
     pub switch: f64,
+    /// Efficiencies; an algorithm absent here has factors of 1.
+    pub efficiency: Vec<Efficiency>,
 }
 
+/// The constants fitted on the reference machine (2 vCPU Zen 3 guest, shared memory between
+/// processes, loopback TCP) by `xccl tune fit`; see docs/PERFORMANCE.md.
+const REFERENCE: &str = include_str!("reference.tune");
+
 impl Default for CostModel {
-    /// Constants calibrated on the reference machine (2 vCPU Zen 3 guest, loopback TCP); see
-    /// docs/PERFORMANCE.md.
+    /// The constants calibrated on the reference machine.
     fn default() -> Self {
-        CostModel {
+        let base = CostModel {
             local: LinkCost::new(1.5, 6.0, 7.0, 10.0),
             shm: LinkCost::new(1.5, 6.0, 7.0, 10.0),
             tcp: LinkCost::new(25.0, 1.6, 7.0, 10.0),
             switch: 20e-6,
-        }
+            efficiency: Vec::new(),
+        };
+        // The embedded file is checked by a test; a broken one would leave the base model.
+        base.clone().with_text("reference.tune", REFERENCE).unwrap_or(base)
     }
 }
 
 impl CostModel {
-    /// Defaults overridden by `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` and
-    /// `XCCL_TUNE_SWITCH_US`.
+    /// Defaults, then the tuning file `XCCL_TUNE_FILE` (as `xccl tune fit -o` writes it),
+    /// then `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` and `XCCL_TUNE_SWITCH_US`.
+    /// Every rank must use the same constants (they choose algorithms).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<CostModel> {
         let mut m = CostModel::default();
+        if let Some(path) = lookup("XCCL_TUNE_FILE") {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| Error::Config(format!("XCCL_TUNE_FILE={path}: cannot read it: {e}")))?;
+            m = m.with_text(&path, &text)?;
+        }
         for (name, slot) in
             [("XCCL_TUNE_LOCAL", &mut m.local), ("XCCL_TUNE_SHM", &mut m.shm), ("XCCL_TUNE_TCP", &mut m.tcp)]
         {
@@ -123,16 +156,92 @@ impl CostModel {
             }
         }
         if let Some(v) = lookup("XCCL_TUNE_SWITCH_US") {
-            m.switch = match v.trim().parse::<f64>() {
-                Ok(us) if us.is_finite() && us >= 0.0 => us * 1e-6,
-                _ => {
-                    return Err(Error::Config(format!(
-                        "XCCL_TUNE_SWITCH_US='{v}' is not a number of microseconds"
-                    )));
-                }
-            };
+            m.switch = parse_us("XCCL_TUNE_SWITCH_US", &v)?;
         }
         Ok(m)
+    }
+
+    /// This model with the settings of a tuning file (`name` names it in errors). Lines:
+    /// `link CLASS ALPHA_US BETA_GBPS GAMMA_GBPS DELTA_GBPS`, `switch US`,
+    /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`; `#` starts a comment.
+    pub fn with_text(mut self, name: &str, text: &str) -> Result<CostModel> {
+        for (no, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |what: &str| Error::Config(format!("{name}:{}: {what}: '{line}'", no + 1));
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let num = |s: &str| s.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0);
+            match f[..] {
+                ["link", class, a, b, g, d] => {
+                    let slot = match class {
+                        "local" => &mut self.local,
+                        "shm" => &mut self.shm,
+                        "tcp" => &mut self.tcp,
+                        _ => return Err(bad("unknown link class (local, shm, tcp)")),
+                    };
+                    let (Some(a), Some(b), Some(g), Some(d)) = (num(a), num(b), num(g), num(d)) else {
+                        return Err(bad("link constants must be positive numbers"));
+                    };
+                    *slot = LinkCost::new(a, b, g, d);
+                }
+                ["switch", us] => self.switch = parse_us(name, us).map_err(|_| bad("not microseconds"))?,
+                ["efficiency", coll, algo, regime, lat, bw] => {
+                    let kind = super::collective_named(coll).ok_or_else(|| bad("unknown collective"))?;
+                    let algo: Algorithm = algo.parse().map_err(|e: Error| bad(&e.to_string()))?;
+                    if !Algorithm::for_collective(kind).contains(&algo) {
+                        return Err(bad(&format!("{kind} has no {algo} algorithm")));
+                    }
+                    let crowded = match regime {
+                        "spread" => false,
+                        "crowded" => true,
+                        _ => return Err(bad("the regime is spread or crowded")),
+                    };
+                    let (Some(latency), Some(bandwidth)) = (num(lat), num(bw)) else {
+                        return Err(bad("factors must be positive numbers"));
+                    };
+                    self.efficiency.retain(|e| (e.kind, e.algo, e.crowded) != (kind, algo, crowded));
+                    self.efficiency.push(Efficiency { kind, algo, crowded, latency, bandwidth });
+                }
+                _ => return Err(bad("not a link, switch or efficiency line")),
+            }
+        }
+        Ok(self)
+    }
+
+    /// The model as a tuning file, which [`CostModel::with_text`] reads back.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for (name, c) in [("local", &self.local), ("shm", &self.shm), ("tcp", &self.tcp)] {
+            out += &format!(
+                "link {name} {:.4} {:.4} {:.4} {:.4}\n",
+                c.alpha * 1e6,
+                1e-9 / c.beta,
+                1e-9 / c.gamma,
+                1e-9 / c.delta
+            );
+        }
+        out += &format!("switch {:.4}\n", self.switch * 1e6);
+        for e in &self.efficiency {
+            let regime = if e.crowded { "crowded" } else { "spread" };
+            out += &format!(
+                "efficiency {} {} {regime} {:.4} {:.4}\n",
+                e.kind.name(),
+                e.algo,
+                e.latency,
+                e.bandwidth
+            );
+        }
+        out
+    }
+
+    /// The efficiency factors (latency, bandwidth) of `algo` running `kind`.
+    pub fn factors(&self, kind: CollKind, algo: Algorithm, crowded: bool) -> (f64, f64) {
+        self.efficiency
+            .iter()
+            .find(|e| (e.kind, e.algo, e.crowded) == (kind, algo, crowded))
+            .map_or((1.0, 1.0), |e| (e.latency, e.bandwidth))
     }
 
     fn of(&self, class: LinkClass) -> &LinkCost {
@@ -141,6 +250,13 @@ impl CostModel {
             LinkClass::Shm => &self.shm,
             LinkClass::Tcp => &self.tcp,
         }
+    }
+}
+
+fn parse_us(name: &str, v: &str) -> Result<f64> {
+    match v.trim().parse::<f64>() {
+        Ok(us) if us.is_finite() && us >= 0.0 => Ok(us * 1e-6),
+        _ => Err(Error::Config(format!("{name}='{v}' is not a number of microseconds"))),
     }
 }
 
@@ -199,6 +315,9 @@ pub struct Costing {
     topo: Topology,
     programs: Vec<Program>,
     esize: usize,
+    kind: CollKind,
+    algo: Algorithm,
+    crowded: bool,
 }
 
 impl Costing {
@@ -214,17 +333,26 @@ impl Costing {
         let n = topo.hosts.len();
         let programs =
             (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
-        Ok(Costing { topo: topo.clone(), programs, esize })
+        let crowded = topo.crowding().iter().any(|c| *c > 1.0);
+        Ok(Costing { topo: topo.clone(), programs, esize, kind, algo, crowded })
+    }
+
+    /// Whether a host of the layout has more ranks than cores.
+    pub fn crowded(&self) -> bool {
+        self.crowded
     }
 
     /// The predicted time under `model`, in seconds.
     pub fn time(&self, model: &CostModel) -> f64 {
-        let (topo, programs, esize) = (&self.topo, &self.programs, self.esize);
-        cost(model, topo, programs, esize)
+        let weights = model.factors(self.kind, self.algo, self.crowded);
+        cost(model, weights, &self.topo, &self.programs, self.esize)
     }
 }
 
-fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) -> f64 {
+/// The predicted time of `programs` with the latency terms weighted by `weights.0` and the
+/// bandwidth terms by `weights.1`.
+fn cost(model: &CostModel, weights: (f64, f64), topo: &Topology, programs: &[Program], esize: usize) -> f64 {
+    let (wl, wb) = weights;
     let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
     let inter = model.of(topo.inter);
     let nhosts = topo.hosts.iter().max().map_or(0, |h| h + 1);
@@ -267,17 +395,27 @@ fn cost(model: &CostModel, topo: &Topology, programs: &[Program], esize: usize) 
             }
             let crowd = crowding[r];
             let handoff = if crowd > 1.0 { model.switch * waits } else { 0.0 };
-            slowest = slowest.max((msgs + f64::max(out, inn) + work) * crowd + handoff);
+            let latency = msgs * crowd + handoff;
+            let bandwidth = (f64::max(out, inn) + work) * crowd;
+            slowest = slowest.max(wl * latency + wb * bandwidth);
         }
         let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
-        total += slowest.max(busiest_host * inter.beta) + forwarding(model, topo, programs, s, esize);
+        total += slowest.max(wb * busiest_host * inter.beta)
+            + forwarding(model, weights, topo, programs, s, esize);
     }
     total
 }
 
 /// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
 /// they receive, times one segment's hop.
-fn forwarding(model: &CostModel, topo: &Topology, programs: &[Program], s: usize, esize: usize) -> f64 {
+fn forwarding(
+    model: &CostModel,
+    (wl, wb): (f64, f64),
+    topo: &Topology,
+    programs: &[Program],
+    s: usize,
+    esize: usize,
+) -> f64 {
     let n = programs.len();
     // For each rank, the peers whose messages it forwards and the cost of one hop to it.
     let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
@@ -288,7 +426,8 @@ fn forwarding(model: &CostModel, topo: &Topology, programs: &[Program], s: usize
             let forwards = step.ops[i + 1..].iter().any(|o| matches!(o, Op::Send { src, .. } if src.buf == dst.buf && src.off < dst.end() && dst.off < src.end()));
             if forwards {
                 let c = model.of(topo.class(r, peer));
-                feeds[r].push((peer, c.alpha + f64::min((dst.len * esize) as f64, HOP_BYTES) * c.beta));
+                let hop = wl * c.alpha + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * c.beta;
+                feeds[r].push((peer, hop));
             }
         }
     }
@@ -359,6 +498,60 @@ mod tests {
         Topology::one_host(n, 64, LinkClass::Shm)
     }
 
+    /// The reference link constants without the algorithms' efficiencies.
+    fn plain() -> CostModel {
+        CostModel { efficiency: Vec::new(), ..CostModel::default() }
+    }
+
+    #[test]
+    fn the_reference_tuning_parses_and_round_trips() {
+        let base = plain();
+        let reference = base.clone().with_text("reference.tune", REFERENCE).unwrap();
+        assert_eq!(reference, CostModel::default());
+        let again = base.with_text("again", &reference.to_text()).unwrap();
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-3;
+        assert!(close(again.shm.beta, reference.shm.beta) && close(again.switch, reference.switch));
+        assert_eq!(again.efficiency.len(), reference.efficiency.len());
+        for (a, b) in again.efficiency.iter().zip(&reference.efficiency) {
+            assert_eq!((a.kind, a.algo, a.crowded), (b.kind, b.algo, b.crowded));
+            assert!(close(a.latency, b.latency) && close(a.bandwidth, b.bandwidth));
+        }
+    }
+
+    #[test]
+    fn tuning_files_say_which_line_is_wrong() {
+        for (text, want) in [
+            ("link fiber 1 2 3 4", "unknown link class"),
+            ("link shm 1 2 -3 4", "positive"),
+            ("efficiency all_reduce teleport spread 1 1", "teleport"),
+            ("efficiency broadcast ring spread 1 1", "no ring"),
+            ("efficiency all_reduce ring sideways 1 1", "spread or crowded"),
+            ("switch x", "microseconds"),
+            ("# fine\nbogus", "line 2"),
+        ] {
+            let err = plain().with_text("t.tune", text).unwrap_err().to_string();
+            let want = want.replace("line 2", "t.tune:2");
+            assert!(err.contains(&want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn efficiencies_change_the_pick() {
+        let m = plain();
+        let count = Shape::Count(4 << 20);
+        let base = rank(&m, &topo(8), CollKind::AllReduce, 0, &count, 4).unwrap();
+        let slow = Efficiency {
+            kind: CollKind::AllReduce,
+            algo: base.algo,
+            crowded: false,
+            latency: 1.0,
+            bandwidth: 10.0,
+        };
+        let m2 = CostModel { efficiency: vec![slow], ..m };
+        let other = rank(&m2, &topo(8), CollKind::AllReduce, 0, &count, 4).unwrap();
+        assert_ne!(other.algo, base.algo, "{other}");
+    }
+
     #[test]
     fn small_messages_prefer_few_rounds_and_large_ones_bandwidth() {
         let m = CostModel::default();
@@ -375,7 +568,7 @@ mod tests {
     #[test]
     fn the_ring_costs_what_the_textbook_says() {
         // 2(n-1) messages, 2(n-1)/n of the buffer each way, (n-1)/n reduced.
-        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..CostModel::default() };
+        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..plain() };
         let (n, bytes) = (4, 4_000_000usize);
         let t = predict(&m, &topo(n), CollKind::AllReduce, Algorithm::Ring, 0, &Shape::Count(bytes / 4), 4)
             .unwrap();
@@ -397,17 +590,16 @@ mod tests {
         // The ring crosses between hosts in two places only, so with a network a few times
         // slower than shared memory it still wins; with one twenty times slower, crossing once
         // per host (the hierarchy) pays for its slower inside phases.
-        let near =
-            rank(&CostModel::default(), &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
+        let near = rank(&plain(), &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
         assert_ne!(near.algo, Algorithm::Hierarchical, "{near}");
-        let far = CostModel { tcp: LinkCost::new(50.0, 0.3, 7.0, 10.0), ..CostModel::default() };
+        let far = CostModel { tcp: LinkCost::new(50.0, 0.3, 7.0, 10.0), ..plain() };
         let c = rank(&far, &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
         assert_eq!(c.algo, Algorithm::Hierarchical, "{c}");
     }
 
     #[test]
     fn forwarding_chains_pay_one_hop_per_level() {
-        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..CostModel::default() };
+        let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..plain() };
         let t = |algo| predict(&m, &topo(8), CollKind::Broadcast, algo, 0, &Shape::Count(1), 4).unwrap();
         // A one-element chain over 8 ranks: seven hops in a row; a binomial tree: three levels,
         // but the root sends to three children.
