@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
-use xccl::bootstrap::{Auth, StoreServer};
+use xccl::bootstrap::{Auth, StoreServer, remove_job_segments};
 
 /// Arguments of `xccl run`.
 #[derive(clap::Args, Debug)]
@@ -354,6 +354,8 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
     for p in pipes {
         let _ = p.join();
     }
+    // A rank that died while its communicator was being built can leave a segment file.
+    remove_job_segments(&job);
     match failure {
         Some((rank, what, code)) => {
             output.note(&format!("{name}: job failed: rank {rank} {what}"));

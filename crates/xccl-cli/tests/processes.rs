@@ -29,6 +29,7 @@ fn main() {
         ("the launcher prefixes output with ranks", launcher_prefix),
         ("Ctrl-C stops every rank", launcher_interrupt),
         ("a wrong secret is refused between processes", wrong_secret),
+        ("the launcher removes the segment files a failed job left", launcher_sweeps_segments),
     ];
     let mut failed = 0;
     for (name, test) in tests {
@@ -52,6 +53,7 @@ fn rank_main(scenario: &str) -> i32 {
         "collectives" => collectives(),
         "killed" => survive_a_kill(),
         "hello" => Communicator::from_env().and_then(|c| c.barrier()),
+        "orphan" => leave_a_segment(),
         other => Err(xccl::Error::Config(format!("unknown scenario {other}"))),
     };
     match result {
@@ -139,6 +141,15 @@ fn survive_a_kill() -> xccl::Result<()> {
 }
 
 // ---- orchestration side ----
+
+/// Leaves a file named like a segment of this job in /dev/shm, as a rank killed while its
+/// host's segment was being joined does, then fails.
+fn leave_a_segment() -> xccl::Result<()> {
+    let job = std::env::var("XCCL_JOB_ID").map_err(|_| xccl::Error::Config("no XCCL_JOB_ID".into()))?;
+    let path = format!("/dev/shm/{}orphan-{}", xccl::bootstrap::segment_prefix(&job), std::process::id());
+    std::fs::write(&path, b"").map_err(|e| xccl::Error::Config(format!("writing {path}: {e}")))?;
+    Err(xccl::Error::Config("left a segment behind".into()))
+}
 
 fn me() -> String {
     std::env::current_exe().expect("test binary path").to_string_lossy().into_owned()
@@ -369,4 +380,20 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
         })
         .collect()
+}
+
+fn launcher_sweeps_segments() -> Result<(), String> {
+    let job = format!("sweep-test-{}", std::process::id());
+    let prefix = xccl::bootstrap::segment_prefix(&job);
+    let out = launch(2, "orphan", &[("XCCL_JOB_ID", job.as_str())])?;
+    if out.status.success() {
+        return Err(format!("the failing ranks did not fail the job: {}", text(&out)));
+    }
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    if left.is_empty() { Ok(()) } else { Err(format!("left in /dev/shm: {left:?}")) }
 }

@@ -18,3 +18,5 @@ pub use store::{StoreClient, StoreServer};
 /// every rank of the job has ended (a rank killed while building a communicator can leave
 /// one behind).
 pub use crate::transport::shm::remove_job_segments;
+/// The file name prefix (in `/dev/shm`) of every shared-memory segment of a job.
+pub use crate::transport::shm::segment_prefix;

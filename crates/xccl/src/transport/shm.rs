@@ -133,24 +133,61 @@ pub(crate) fn process_alive(pid: i32) -> bool {
     }
 }
 
+/// Waits until the file behind `fd` is at least `len` bytes long. A joiner can open the file
+/// between its creation and its sizing; touching a mapping beyond the end of a file raises
+/// SIGBUS, so nothing is mapped before the creator has sized it.
+fn wait_until_sized(fd: &OwnedFd, len: usize, timeout: Duration, path: &str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let size = rustix::fs::fstat(fd)
+            .map_err(|e| Error::io(format!("inspecting shared memory {path}"), e.into()))?
+            .st_size;
+        if usize::try_from(size).is_ok_and(|s| s >= len) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Bootstrap(format!(
+                "shared memory {path} has {size} bytes, expected {len}: its creator never sized it \
+                 (did it die, or run with another XCCL_SHM_RING_BYTES?)"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 impl ShmSegment {
     /// Creates (member 0) or joins (the others) segment `name` for `m` members.
+    /// On failure the file is unlinked: the communicator will not be built, and the name
+    /// must not outlive the attempt.
     pub fn join(name: &str, m: usize, me: usize, cap: usize, timeout: Duration) -> Result<Arc<ShmSegment>> {
         let path = format!("{DIR}/{name}");
-        let layout = Layout::new(m, cap);
         let cpath =
             CString::new(path.clone()).map_err(|_| Error::Internal("segment name with a NUL".into()))?;
+        Self::attach(&path, &cpath, m, me, cap, timeout).inspect_err(|_| {
+            let _ = rustix::fs::unlink(&cpath);
+        })
+    }
+
+    fn attach(
+        path: &str,
+        cpath: &CString,
+        m: usize,
+        me: usize,
+        cap: usize,
+        timeout: Duration,
+    ) -> Result<Arc<ShmSegment>> {
+        let layout = Layout::new(m, cap);
         let fd: OwnedFd = if me == 0 {
             sweep_orphans();
-            let _ = rustix::fs::unlink(&cpath);
+            let _ = rustix::fs::unlink(cpath);
             let fd = rustix::fs::open(
-                &cpath,
+                cpath,
                 OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC,
                 Mode::RUSR | Mode::WUSR,
             )
             .map_err(|e| Error::io(format!("creating shared memory {path}"), e.into()))?;
             rustix::fs::ftruncate(&fd, layout.len as u64).map_err(|e| {
-                let _ = rustix::fs::unlink(&cpath);
+                let _ = rustix::fs::unlink(cpath);
                 Error::io(
                     format!(
                         "sizing shared memory {path} to {} bytes (is /dev/shm large enough?)",
@@ -163,7 +200,7 @@ impl ShmSegment {
         } else {
             let deadline = Instant::now() + timeout;
             loop {
-                match rustix::fs::open(&cpath, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+                match rustix::fs::open(cpath, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
                     Ok(fd) => break fd,
                     Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
                     Err(e) => {
@@ -175,8 +212,12 @@ impl ShmSegment {
                 }
             }
         };
+        if me != 0 {
+            wait_until_sized(&fd, layout.len, timeout, path)?;
+        }
         // SAFETY: mapping a file we opened read-write, of at least `layout.len` bytes (the
-        // creator sized it; joiners wait below until it is filled in, which is after).
+        // creator sized it; joiners waited above until it was), so no access through the
+        // mapping falls beyond its end.
         let base = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -218,17 +259,17 @@ impl ShmSegment {
         slot.probe.store(&raw const pull::PROBE as u64, Ordering::Relaxed);
         if header.attached.fetch_add(1, Ordering::AcqRel) + 1 == m as u32 {
             // Everyone has it mapped: the name is no longer needed.
-            let _ = rustix::fs::unlink(&cpath);
+            let _ = rustix::fs::unlink(cpath);
         }
         // Once all members are here, test which of them this one can read directly.
-        seg.wait_for(&header.attached, m, timeout, &path)?;
+        seg.wait_for(&header.attached, m, timeout, path)?;
         for peer in (0..m).filter(|&p| p != me) {
             let ps = seg.slot(peer);
             let (pid, addr) = (ps.pid.load(Ordering::Relaxed) as i32, ps.probe.load(Ordering::Relaxed));
             seg.pull_flag(me, peer).store(u8::from(pull::probe(pid, addr)), Ordering::Relaxed);
         }
         header.probed.fetch_add(1, Ordering::AcqRel);
-        seg.wait_for(&header.probed, m, timeout, &path)?;
+        seg.wait_for(&header.probed, m, timeout, path)?;
         Ok(Arc::new(seg))
     }
 
@@ -352,5 +393,18 @@ mod tests {
         assert!(b.err().unwrap().to_string().contains("XCCL_SHM_RING_BYTES"));
         // The creator gives up waiting for a partner that never arrives.
         assert!(a.err().unwrap().to_string().contains("joined"));
+        assert!(!std::path::Path::new(&format!("{DIR}/{name}")).exists(), "a failed join removes the file");
+    }
+
+    #[test]
+    fn a_joiner_does_not_map_a_segment_before_it_is_sized() {
+        // The creator has made the file but not sized it yet (or died in between): mapping
+        // it and reading the header would raise SIGBUS and kill this test process.
+        let name = format!("{}unsized-{}", segment_prefix("shm-unit"), std::process::id());
+        let path = format!("{DIR}/{name}");
+        std::fs::write(&path, b"").unwrap();
+        let err = ShmSegment::join(&name, 2, 1, 1 << 16, Duration::from_millis(100)).err().unwrap();
+        assert!(err.to_string().contains("never sized"), "{err}");
+        assert!(!std::path::Path::new(&path).exists(), "a failed join removes the file");
     }
 }
