@@ -11,7 +11,9 @@
 //! an `isend` and an `irecv` between two ranks never wait on each other. A collective issued
 //! after them starts once the batch is done.
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -66,8 +68,10 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     cv: Condvar,
-    /// Taken only by whoever set `busy`, so never contended.
-    engine: Mutex<Engine>,
+    /// Used only by whoever set `busy` (see [`Shared::engine`]).
+    engine: UnsafeCell<Engine>,
+    /// An operation panicked inside the engine: its streams may be in the middle of a frame.
+    engine_poisoned: AtomicBool,
     /// Wakes the engine out of a wait when work is issued to a running batch.
     waker: Waker,
     /// Spans of finished operations, while recording.
@@ -76,20 +80,32 @@ struct Shared {
     recording: AtomicBool,
 }
 
+// SAFETY: everything in `Shared` is synchronised by its own lock or is atomic, except the
+// engine, which only the thread that set `busy` under the queue's lock uses (`Shared::engine`).
+unsafe impl Sync for Shared {}
+
 impl Shared {
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The engine; if an operation panicked inside it, it is aborted first, since its
-    /// streams may be in the middle of a frame.
-    fn engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|poisoned| {
-            self.engine.clear_poison();
-            let mut engine = poisoned.into_inner();
+    /// The engine, for the one who set `busy` (a plain flag under the queue's lock rather
+    /// than a second lock, which would cost two more atomic operations per operation). If an
+    /// earlier operation panicked inside it, it is aborted first, since its streams may be in
+    /// the middle of a frame.
+    ///
+    /// # Safety
+    /// The caller set `busy` (or is the progress thread closing the stream, when no one else
+    /// can issue) and keeps it set while the returned value lives.
+    unsafe fn engine(&self) -> EngineRef<'_> {
+        // SAFETY: `busy` is set by one thread at a time (under the queue's lock), and only that
+        // thread reaches the engine, so this is the only reference to it.
+        let engine = unsafe { &mut *self.engine.get() };
+        if self.engine_poisoned.load(Ordering::Relaxed) {
+            self.engine_poisoned.store(false, Ordering::Relaxed);
             engine.fail(Error::Internal("an earlier operation panicked inside xccl".into()));
-            engine
-        })
+        }
+        EngineRef { engine, poisoned: &self.engine_poisoned }
     }
 
     /// The time, if recording.
@@ -120,6 +136,33 @@ impl Shared {
         self.cv.notify_one();
         if busy {
             self.waker.wake();
+        }
+    }
+}
+
+/// The engine while an operation runs; marks it poisoned if a panic unwinds through it.
+struct EngineRef<'a> {
+    engine: &'a mut Engine,
+    poisoned: &'a AtomicBool,
+}
+
+impl Deref for EngineRef<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        self.engine
+    }
+}
+
+impl DerefMut for EngineRef<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.engine
+    }
+}
+
+impl Drop for EngineRef<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.poisoned.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -155,7 +198,8 @@ impl Stream {
             queue: Mutex::new(Queue { jobs: VecDeque::new(), busy: false, next_seq: 0, closing: None }),
             cv: Condvar::new(),
             waker: engine.waker(),
-            engine: Mutex::new(engine),
+            engine: UnsafeCell::new(engine),
+            engine_poisoned: AtomicBool::new(false),
             timeline: Mutex::new(None),
             recording: AtomicBool::new(false),
         });
@@ -224,7 +268,8 @@ impl Stream {
         drop(q);
         // Cleared even if the operation panics, so the stream never stays busy forever.
         let _busy = BusyGuard(&self.shared);
-        run(&self.shared, &mut self.shared.engine(), Job { op, issued, done: None })
+        // SAFETY: this thread set `busy` above; `_busy` clears it after the engine is dropped.
+        run(&self.shared, &mut *unsafe { self.shared.engine() }, Job { op, issued, done: None })
     }
 }
 
@@ -261,8 +306,11 @@ fn progress(shared: &Shared) {
                         break job;
                     }
                     if let Some(farewell) = q.closing.take() {
+                        q.busy = true;
                         drop(q);
-                        shared.engine().close(farewell);
+                        // SAFETY: `busy` is set and the stream is being dropped: no one else
+                        // issues operations any more.
+                        unsafe { shared.engine() }.close(farewell);
                         return;
                     }
                 }
@@ -271,7 +319,9 @@ fn progress(shared: &Shared) {
         };
         let _busy = BusyGuard(shared);
         let done = job.done.clone();
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run(shared, &mut shared.engine(), job)));
+        // SAFETY: this thread set `busy` above; `_busy` clears it after the engine is dropped.
+        let outcome =
+            std::panic::catch_unwind(AssertUnwindSafe(|| run(shared, &mut *unsafe { shared.engine() }, job)));
         if let (Err(_), Some(done)) = (outcome, done) {
             // A bug inside xccl: fail the operation instead of leaving its waiter hanging.
             done.finish_if_pending(Err(Error::Internal("operation panicked inside xccl".into())));

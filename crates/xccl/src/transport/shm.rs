@@ -254,6 +254,7 @@ impl ShmSegment {
                 )));
             }
         }
+        seg.populate(me);
         let slot = seg.slot(me);
         slot.pid.store(std::process::id(), Ordering::Relaxed);
         slot.probe.store(&raw const pull::PROBE as u64, Ordering::Relaxed);
@@ -305,6 +306,27 @@ impl ShmSegment {
         // SAFETY: slot i lies inside the mapping (layout), aligned to its 64-byte alignment
         // since slots start on a page and each is a multiple of 64 bytes long.
         unsafe { &*self.base.add(self.layout.slots + i * size_of::<Slot>()).cast::<Slot>() }
+    }
+
+    /// Maps in, ahead of use, every page of the rings member `me` writes and reads (and the
+    /// first pages, with the headers and control blocks). Otherwise the first pass over each
+    /// ring faults in a page every few dozen small messages: with 4 MiB rings the first 50 000
+    /// or so 8-byte all-reduces took 15-30% longer. Contents are not changed; a kernel without
+    /// `MADV_POPULATE_WRITE` (before 5.14) just faults the pages in on use.
+    fn populate(&self, me: usize) {
+        let advise = |off: usize, len: usize| {
+            // SAFETY: the range lies inside the mapping (layout); populating does not change
+            // its contents, so it is harmless while peers use it.
+            let _ = unsafe {
+                rustix::mm::madvise(self.base.add(off).cast(), len, rustix::mm::Advice::LinuxPopulateWrite)
+            };
+        };
+        advise(0, self.layout.data);
+        for peer in (0..self.layout.m).filter(|&p| p != me) {
+            for idx in [me * self.layout.m + peer, peer * self.layout.m + me] {
+                advise(self.layout.data + idx * self.layout.cap, self.layout.cap);
+            }
+        }
     }
 
     /// The ring from member `from` to member `to`.
