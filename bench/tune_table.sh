@@ -3,11 +3,12 @@
 # shared memory and TCP, 2 and 4 ranks, twice (sets a and b); the cost model fitted on set a
 # and checked on set b, which it has not seen; and the built-in constants checked on set b.
 #
-#   bash bench/tune_table.sh                      (about 30 minutes on 2 cores)
+#   bash bench/tune_table.sh                      (about 20 minutes on 2 cores)
 #   OUT=/tmp/t NPS="2" SIZES=8,1M,64M bash bench/tune_table.sh
 #
 # Every command runs under the peers' prio_run.sh when it is there. Writes the records, the
-# fitted tuning file ($OUT/fitted.tune, usable as XCCL_TUNE_FILE) and the tables to $OUT.
+# fitted tuning file ($OUT/fitted.tune, usable as XCCL_TUNE_FILE) and the tables to $OUT
+# (table_b.md: size x algorithm on set b, the built-in tuner's pick marked).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -29,6 +30,8 @@ done
 "$XCCL" tune fit "$OUT"/a_*.tsv -o "$OUT/fitted.tune" > "$OUT/fit_a.md"
 XCCL_TUNE_FILE="$OUT/fitted.tune" "$XCCL" tune fit --check "$OUT"/b_*.tsv > "$OUT/check_b_fitted.md"
 "$XCCL" tune fit --check "$OUT"/b_*.tsv > "$OUT/check_b_builtin.md"
+python3 "$HERE/tune_table.py" "$OUT/check_b_builtin.md" --oracle "$OUT" > "$OUT/table_b.md"
 for f in fit_a check_b_fitted check_b_builtin; do
   echo "== $f"; grep -E "^# " "$OUT/$f.md"
 done
+tail -1 "$OUT/table_b.md"

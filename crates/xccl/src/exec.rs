@@ -511,8 +511,9 @@ const COOP_MIN: usize = 1 << 20;
 /// beyond `COOP_MAX` a copy is bound by memory bandwidth rather than by the core doing it,
 /// and a write into another process's memory costs more than a read from it (measured on
 /// the reference machine: a 1 MiB broadcast between two processes gains 40%, 512 KiB and
-/// 8 MiB lose a little).
-const COOP_MAX: usize = 4 << 20;
+/// 8 MiB lose a little; beyond 2 MiB streaming through the ring does better still, see
+/// [`Engine::streams_one_way`]).
+const COOP_MAX: usize = 2 << 20;
 
 /// Where a cooperative copy splits a message: a multiple of this many bytes (a page), so
 /// that the two sides never write the same page.
@@ -1040,11 +1041,7 @@ impl Engine {
     /// sender may write this rank's memory.
     fn cooperates(&self, run: &StepRun<'_>, i: usize, peer: usize, header: &Header, len: usize) -> bool {
         let t = &run.tasks[i];
-        let one_way = matches!(
-            run.ctx,
-            Ctx::Coll { desc, .. } if matches!(desc.kind, CollKind::Broadcast | CollKind::Scatter | CollKind::Gather)
-        );
-        one_way
+        run.one_way()
             && matches!(self.links.polling(), Some(Polling::Spin(_)))
             && matches!(t.act, Act::Recv { with: None, .. })
             && !t.has_dependents
@@ -1052,6 +1049,21 @@ impl Engine {
             && len as u64 == header.total
             && (COOP_MIN..=COOP_MAX).contains(&len)
             && self.pulled_by[peer]
+    }
+
+    /// Whether a send of `len` bytes that the peer could pull goes through the ring instead,
+    /// so that the sender's core copies it in while the receiver's copies it out. Beyond
+    /// `COOP_MAX` a pull runs at the speed of one core copying between two memory-bound
+    /// buffers, with the sender idle; through the ring (which stays in cache) each side makes
+    /// one pass over main memory, in parallel: a 64 MiB broadcast between two processes took
+    /// 7.2-7.8 ms instead of 13.4-13.7 ms. Only where the sender has nothing else to do: data
+    /// flowing one way, a core per rank, and this the step's only send or copy (a root that
+    /// sends to several ranks, or also copies its own block, lets them pull in parallel).
+    fn streams_one_way(&self, run: &StepRun<'_>, len: usize) -> bool {
+        len > COOP_MAX
+            && run.one_way()
+            && matches!(self.links.polling(), Some(Polling::Spin(_)))
+            && run.tasks.iter().filter(|t| !matches!(t.act, Act::Recv { .. })).count() == 1
     }
 
     /// The step buffers kept from the last step (empty after a failed one).
@@ -1242,8 +1254,10 @@ impl Engine {
                     // the step waited for that, two ranks exchanging in place would each wait
                     // for the other's copy: such sends are streamed.
                     let t = &run.tasks[i];
-                    let pull =
-                        self.pulled_by[peer] && t.span.len >= self.tuning.pull_min && !t.has_dependents;
+                    let pull = self.pulled_by[peer]
+                        && t.span.len >= self.tuning.pull_min
+                        && !t.has_dependents
+                        && !self.streams_one_way(run, t.span.len);
                     // A descriptor costs no ring space: a message that is all there goes in one,
                     // and the receiver copies it in large pieces. One that is still arriving
                     // (forwarded) is described segment by segment as it comes.
@@ -2007,6 +2021,15 @@ impl<'a> StepRun<'a> {
         sends.resize_with(nranks, Vec::new);
         recvs.resize_with(nranks, Vec::new);
         StepRun { ctx, tasks, deps, sends, recvs, touched }
+    }
+
+    /// Whether this is a step of a collective whose data flows one way (broadcast, scatter,
+    /// gather): a sender has nothing to do but send.
+    fn one_way(&self) -> bool {
+        matches!(
+            self.ctx,
+            Ctx::Coll { desc, .. } if matches!(desc.kind, CollKind::Broadcast | CollKind::Scatter | CollKind::Gather)
+        )
     }
 
     /// Gives the buffers back for the next step.

@@ -65,11 +65,18 @@ fn subset(c: &Communicator) {
                 .all(|(k, x)| *x == val::<u32>(ReduceOp::Sum, k / block.max(1), k % block.max(1), 4))
         );
     }
-    // Messages of 1 to 4 MiB one way: the receiver copies the head while the sender writes
-    // the tail (with a core per rank).
+    // Messages of 1 to 2 MiB one way: the receiver copies the head while the sender writes
+    // the tail; larger ones from a sender with nothing else to do stream through the ring
+    // (with a core per rank).
     let mut big = input::<u32>(ReduceOp::Sum, r, 500_003, 5);
     c.broadcast(&mut big, 0).unwrap();
     assert!(big.iter().enumerate().all(|(i, x)| *x == val::<u32>(ReduceOp::Sum, 0, i, 5)), "broadcast 2 MB");
+    let mut huge = input::<u32>(ReduceOp::Sum, r, 1_300_001, 8);
+    c.broadcast(&mut huge, n - 1).unwrap();
+    assert!(
+        huge.iter().enumerate().all(|(i, x)| *x == val::<u32>(ReduceOp::Sum, n - 1, i, 8)),
+        "broadcast 5 MB"
+    );
     let block = 262_147;
     let mut mine = vec![0u32; block];
     c.scatter(&input::<u32>(ReduceOp::Sum, r, block * n, 6), &mut mine, n - 1).unwrap();
