@@ -268,8 +268,10 @@ impl Stream {
         drop(q);
         // Cleared even if the operation panics, so the stream never stays busy forever.
         let _busy = BusyGuard(&self.shared);
-        // SAFETY: this thread set `busy` above; `_busy` clears it after the engine is dropped.
-        run(&self.shared, &mut *unsafe { self.shared.engine() }, Job { op, issued, done: None })
+        // SAFETY: this thread set `busy` above; `engine`, declared after `_busy`, is dropped
+        // before it clears `busy`.
+        let mut engine = unsafe { self.shared.engine() };
+        run(&self.shared, &mut engine, Job { op, issued, done: None })
     }
 }
 

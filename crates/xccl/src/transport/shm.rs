@@ -311,7 +311,7 @@ impl ShmSegment {
     /// Maps in, ahead of use, every page of the rings member `me` writes and reads (and the
     /// first pages, with the headers and control blocks). Otherwise the first pass over each
     /// ring faults in a page every few dozen small messages: with 4 MiB rings the first 50 000
-    /// or so 8-byte all-reduces took 15-30% longer. Contents are not changed; a kernel without
+    /// or so 8-byte all-reduces took 10-25% longer. Contents are not changed; a kernel without
     /// `MADV_POPULATE_WRITE` (before 5.14) just faults the pages in on use.
     fn populate(&self, me: usize) {
         let advise = |off: usize, len: usize| {
