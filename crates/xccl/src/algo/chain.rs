@@ -7,9 +7,6 @@ use crate::schedule::{Buf, Program, Region};
 /// Broadcast of `count` elements from `root`.
 pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
     let mut p = Program::new();
-    if n == 1 {
-        return p;
-    }
     let v = (rank + n - root) % n;
     let all = Region::new(Buf::Output, 0, count);
     let s = p.step();

@@ -9,7 +9,7 @@
 //! relabelled ranks: mirrored (`n - 1 - r`) when `n` is even, shifted by one when it is odd,
 //! either way turning odd labels into even ranks.
 
-use crate::schedule::{Blocks, Buf, Program, Region};
+use crate::schedule::{Blocks, Buf, Program};
 
 /// A tree over ranks `0..n`: the parent (none for the root) and the children of each rank.
 pub(super) struct Tree {
@@ -61,10 +61,6 @@ pub(super) fn trees(n: usize) -> [Tree; 2] {
 /// All-reduce of `count` elements.
 pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
     let mut p = Program::new();
-    if n == 1 {
-        p.step().copy(Region::new(Buf::Input, 0, count), Region::new(Buf::Output, 0, count));
-        return p;
-    }
     let halves = Blocks::even(count, 2);
     let s = p.step();
     for (h, Tree { parent, children }) in trees(n).iter().enumerate() {

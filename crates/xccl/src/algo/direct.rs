@@ -46,10 +46,6 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
     let mut p = Program::new();
     let blocks = Blocks::even(count, n);
     let mine = blocks.region(Buf::Output, rank);
-    if n == 1 {
-        p.step().copy(Region::new(Buf::Input, 0, count), Region::new(Buf::Output, 0, count));
-        return p;
-    }
     reduce_scatter_step(&mut p, rank, n, &blocks, mine);
     all_gather_step(&mut p, rank, &blocks, mine);
     p
@@ -60,10 +56,6 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
     let mut p = Program::new();
     let blocks = Blocks::uniform(block, n);
     let out = Region::new(Buf::Output, 0, block);
-    if n == 1 {
-        p.step().copy(blocks.region(Buf::Input, 0), out);
-        return p;
-    }
     reduce_scatter_step(&mut p, rank, n, &blocks, out);
     p
 }
@@ -72,11 +64,7 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
 pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
     let own = Region::new(Buf::Input, 0, blocks.len_of(rank));
-    if blocks.count() > 1 {
-        all_gather_step(&mut p, rank, blocks, own);
-    } else {
-        p.step();
-    }
+    all_gather_step(&mut p, rank, blocks, own);
     // The own block is copied after the messages are out.
     p.steps[0].copy(own, blocks.region(Buf::Output, rank));
     p

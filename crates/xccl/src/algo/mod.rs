@@ -30,7 +30,7 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::frame::CollKind;
-use crate::schedule::{Blocks, Program};
+use crate::schedule::{Blocks, Buf, Program, Region};
 
 /// A family of schedules.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -246,6 +246,21 @@ const ALL_COLLECTIVES: [CollKind; 9] = [
     CollKind::Barrier,
 ];
 
+/// Any collective on a single rank, whatever the algorithm: the input copied to the output
+/// (nothing for a broadcast, which works in place, or a barrier).
+fn alone(kind: CollKind, shape: &Shape) -> Program {
+    let mut p = Program::new();
+    let (from, to) = match shape {
+        Shape::Count(c) => (Region::new(Buf::Input, 0, *c), Region::new(Buf::Output, 0, *c)),
+        Shape::Gather(blocks) => (blocks.region(Buf::Input, 0), blocks.region(Buf::Output, 0)),
+        Shape::Exchange { send, recv } => (send.region(Buf::Input, 0), recv.region(Buf::Output, 0)),
+    };
+    if !matches!(kind, CollKind::Broadcast | CollKind::Barrier) {
+        p.step().copy(from, to);
+    }
+    p
+}
+
 /// The schedule of collective `kind` by `algo` for `rank`; `hosts[r]` names the host of
 /// rank `r` (its length is the number of ranks).
 pub fn build(
@@ -265,6 +280,9 @@ pub fn build(
     if *shape == Shape::Count(0) && kind != CollKind::Barrier {
         // Every rank passes the same count, so all agree there is nothing to do.
         return Ok(Program::new());
+    }
+    if n == 1 {
+        return Ok(alone(kind, shape));
     }
     let program = match (kind, algo, shape) {
         (K::AllReduce, A::Ring, Shape::Count(c)) => ring::all_reduce(rank, n, *c),

@@ -16,10 +16,6 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
     let mut p = Program::new();
     let blocks = Blocks::uniform(block, n);
     let out = Region::new(Buf::Output, 0, block);
-    if n == 1 {
-        p.step().copy(blocks.region(Buf::Input, 0), out);
-        return p;
-    }
     let f = Fold::new(n);
     let role = f.role(rank);
     // Partial sums live in scratch laid out like the input; until the first combination the

@@ -88,10 +88,6 @@ pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
     let mut p = Program::new();
     let blocks = Blocks::uniform(block, n);
     let out = Region::new(Buf::Output, 0, block);
-    if n == 1 {
-        p.step().copy(blocks.region(Buf::Input, 0), out);
-        return p;
-    }
     // Partial sums alternate between two scratch blocks: step `s` receives into one while
     // it sends the other, received in step `s - 1`.
     p.scratch = 2 * block;
@@ -107,11 +103,7 @@ pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
     let own = Region::new(Buf::Input, 0, blocks.len_of(rank));
     let members: Vec<usize> = (0..blocks.count()).collect();
-    if blocks.count() > 1 {
-        all_gather_steps(&mut p, rank, &members, blocks, own);
-    } else {
-        p.step();
-    }
+    all_gather_steps(&mut p, rank, &members, blocks, own);
     // The own block is copied in the first step, after its messages are out.
     p.steps[0].copy(own, blocks.region(Buf::Output, rank));
     p

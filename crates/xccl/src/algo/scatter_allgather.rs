@@ -8,9 +8,6 @@ use crate::schedule::{Blocks, Buf, Program};
 /// Broadcast of `count` elements from `root`.
 pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
     let mut p = Program::new();
-    if n == 1 {
-        return p;
-    }
     let blocks = Blocks::even(count, n);
     let s = p.step();
     if rank == root {

@@ -60,9 +60,7 @@ pub(super) fn reduce_among(step: &mut Step, rank: usize, members: &[usize], coun
 /// Broadcast of `count` elements in place (the output) from `root`.
 pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
     let mut p = Program::new();
-    if n > 1 {
-        broadcast_among(p.step(), rank, &from_root(n, root), count);
-    }
+    broadcast_among(p.step(), rank, &from_root(n, root), count);
     p
 }
 
@@ -70,10 +68,6 @@ pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
 /// accumulate in scratch and leave their buffers untouched.
 pub fn reduce(rank: usize, n: usize, count: usize, root: usize) -> Program {
     let mut p = Program::new();
-    if n == 1 {
-        p.step().copy(Region::new(Buf::Input, 0, count), Region::new(Buf::Output, 0, count));
-        return p;
-    }
     p.scratch = count;
     reduce_among(p.step(), rank, &from_root(n, root), count, Buf::Scratch);
     p
