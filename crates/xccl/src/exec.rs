@@ -370,6 +370,19 @@ struct OutFrame {
 }
 
 impl OutFrame {
+    /// A reply of `kind` (an acknowledgement of a copy, or the news that a pushed tail is
+    /// written) to the frame with `header`, saying that `len` bytes were done.
+    fn reply(mut header: Header, kind: FrameKind, len: usize) -> OutFrame {
+        header.kind = kind;
+        header.len = ACK_LEN as u32;
+        OutFrame {
+            task: None,
+            header: header.encode(),
+            body: Body::Ack((len as u64).to_le_bytes()),
+            written: 0,
+        }
+    }
+
     fn body_len(&self) -> usize {
         match self.body {
             Body::Data(s) => s.len,
@@ -1408,16 +1421,7 @@ impl Engine {
                         Inbound::Pulling { target, from, addr, len, pos, header }
                     } else {
                         // Copied: the sender may reuse the segment.
-                        let mut ack = header;
-                        ack.kind = FrameKind::Ack;
-                        ack.len = ACK_LEN as u32;
-                        let frame = OutFrame {
-                            task: None,
-                            header: ack.encode(),
-                            body: Body::Ack((len as u64).to_le_bytes()),
-                            written: 0,
-                        };
-                        self.acks[peer].push_back(frame);
+                        self.acks[peer].push_back(OutFrame::reply(header, FrameKind::Ack, len));
                         self.payload_done(run, peer, target)?;
                         Inbound::Idle
                     };
@@ -1440,16 +1444,7 @@ impl Engine {
                         let t = &mut run.tasks[task];
                         t.pushed = len;
                         t.complete = t.done + t.pushed == t.span.len;
-                        let mut done = header;
-                        done.kind = FrameKind::Pushed;
-                        done.len = ACK_LEN as u32;
-                        let frame = OutFrame {
-                            task: None,
-                            header: done.encode(),
-                            body: Body::Ack((len as u64).to_le_bytes()),
-                            written: 0,
-                        };
-                        self.acks[peer].push_back(frame);
+                        self.acks[peer].push_back(OutFrame::reply(header, FrameKind::Pushed, len));
                         Inbound::Idle
                     };
                     n > 0
