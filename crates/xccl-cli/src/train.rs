@@ -60,9 +60,17 @@ pub enum OptimArg {
 /// Arguments of `xccl train`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Data-parallel ranks (local processes).
+    /// Data-parallel size: replicas of the model, each on its share of the batch.
     #[arg(long, default_value_t = 2)]
     pub dp: usize,
+    /// Tensor-parallel size: ranks each model is divided over (Megatron layers); the job
+    /// launches dp x tp local processes.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// Sequence parallelism inside each tensor-parallel group (norms and residuals on
+    /// len / tp positions per rank).
+    #[arg(long)]
+    pub sp: bool,
     /// How the ranks share the work.
     #[arg(long, value_enum, default_value_t = StrategyArg::Ddp)]
     pub strategy: StrategyArg,
@@ -206,6 +214,8 @@ impl TrainArgs {
             task: task_config,
             optim,
             strategy,
+            tp: self.tp,
+            sp: self.sp,
             batch: self.batch,
             accum: self.accum,
             steps: self.steps,
@@ -218,11 +228,16 @@ impl TrainArgs {
             trace: true,
             evaluate: true,
         };
-        config.validate(task.as_ref()).map_err(|e| e.to_string())?;
         if self.dp == 0 {
             return Err("--dp must be at least 1".into());
         }
+        config.validate(task.as_ref()).map_err(|e| e.to_string())?;
         Ok((task, config))
+    }
+
+    /// Ranks the job launches: dp x tp.
+    pub fn ranks(&self) -> usize {
+        self.dp * self.tp
     }
 }
 
@@ -263,24 +278,29 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     command.push("--worker".into());
     // One compute thread per core: N ranks on C cores get max(1, C / N) threads each.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (cores / args.dp).max(1);
+    let ranks = args.ranks();
+    let threads = (cores / ranks).max(1);
     let mut env = Vec::new();
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS".to_string(), threads.to_string()));
     }
+    let mesh = match (args.tp, args.sp) {
+        (1, _) => String::new(),
+        (t, false) => format!(" (dp {} x tp {t})", args.dp),
+        (t, true) => format!(" (dp {} x tp {t}, sequence parallel)", args.dp),
+    };
     println!(
-        "xccl train: {} ({} parameters) on {}, {} ranks x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
+        "xccl train: {} ({} parameters) on {}, {ranks} ranks{mesh} x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
         config.model,
         xccl_train::model::Model::new(&config.model, config.seed).map_or(0, |m| m.params().len()),
         task.describe(),
-        args.dp,
         config.strategy,
         config.batch,
         task.seq_len(),
         config.steps
     );
-    let job = Job { env, ..Job::local("xccl train", args.dp, command) };
-    let screen = Arc::new(Screen::new(args.dp, config.steps));
+    let job = Job { env, ..Job::local("xccl train", ranks, command) };
+    let screen = Arc::new(Screen::new(ranks, config.steps));
     let code = run::launch(&job, screen.clone());
     screen.bar.finish_and_clear();
     if code != ExitCode::SUCCESS {

@@ -3,7 +3,9 @@
 //! directory), so a crash leaves either the previous checkpoint or the new one.
 //!
 //! Tensors are `param.<name>` and `optim.<state>.<name>` (e.g. `optim.m.h00.attn.qkv.weight`)
-//! with the parameter's shape, f32. Metadata: the step, the optimiser's step count, the
+//! with the parameter's full shape, f32: a tensor-parallel run saves its shards gathered
+//! into the full tensors, without the vocabulary's padding, so a checkpoint written at any
+//! tensor-parallel size loads at any other. Metadata: the step, the optimiser's step count, the
 //! configuration fingerprint (a resumed run must have the same one) and the loss history.
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,9 +30,9 @@ pub struct Checkpoint {
     pub step: u64,
     /// Describes everything that determines the training trajectory.
     pub fingerprint: String,
-    /// Parameters, flat, in [`ParamSet`] order.
+    /// Parameters, full (unsharded) and flat, in [`ParamSet`] order.
     pub params: Vec<f32>,
-    /// The optimiser's state vectors (named by [`OptimConfig::state_names`]), flat.
+    /// The optimiser's state vectors (named by [`OptimConfig::state_names`]), full and flat.
     pub state: Vec<Vec<f32>>,
     /// `(step, global loss)` of every step so far.
     pub losses: Vec<(u64, f64)>,
@@ -40,20 +42,20 @@ fn bytes_of(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Writes `ck` to `path` atomically. `set` gives names and shapes.
+/// Writes `ck` to `path` atomically. `set` gives names and full shapes.
 pub fn save(path: &Path, set: &ParamSet, optim: &OptimConfig, ck: &Checkpoint) -> Result<()> {
     let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-    if ck.params.len() != set.len() || ck.state.len() != optim.state_names().len() {
+    if ck.params.len() != set.full_len() || ck.state.len() != optim.state_names().len() {
         return Err(bad("the state does not match the model and optimizer".into()));
     }
     let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for s in set.slots() {
-        let r = s.range();
-        named.push((format!("param.{}", s.param.name()), s.shape.clone(), bytes_of(&ck.params[r.clone()])));
+        let (r, shape) = (s.full_range(), s.param.full_shape().to_vec());
+        named.push((format!("param.{}", s.param.name()), shape.clone(), bytes_of(&ck.params[r.clone()])));
         for (state, values) in optim.state_names().iter().zip(&ck.state) {
             let part =
                 values.get(r.clone()).ok_or_else(|| bad(format!("optimizer state {state} is too short")))?;
-            named.push((format!("optim.{state}.{}", s.param.name()), s.shape.clone(), bytes_of(part)));
+            named.push((format!("optim.{state}.{}", s.param.name()), shape.clone(), bytes_of(part)));
         }
     }
     let views = named
@@ -119,7 +121,8 @@ pub fn read_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
     Ok((out, meta))
 }
 
-/// Reads a checkpoint for parameters `set` and optimiser `optim`.
+/// Reads a checkpoint for parameters `set` and optimiser `optim`: full tensors, whatever
+/// the tensor-parallel size that wrote it or that `set` has.
 pub fn load(path: &Path, set: &ParamSet, optim: &OptimConfig) -> Result<Checkpoint> {
     let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
     let (mut tensors, meta) = read_tensors(path)?;
@@ -141,12 +144,13 @@ pub fn load(path: &Path, set: &ParamSet, optim: &OptimConfig) -> Result<Checkpoi
         Ok(v)
     };
     let names = optim.state_names();
-    let mut params = Vec::with_capacity(set.len());
-    let mut state = vec![Vec::with_capacity(set.len()); names.len()];
+    let mut params = Vec::with_capacity(set.full_len());
+    let mut state = vec![Vec::with_capacity(set.full_len()); names.len()];
     for s in set.slots() {
-        params.extend(take(format!("param.{}", s.param.name()), &s.shape)?);
+        let shape = s.param.full_shape();
+        params.extend(take(format!("param.{}", s.param.name()), shape)?);
         for (n, v) in names.iter().zip(&mut state) {
-            v.extend(take(format!("optim.{n}.{}", s.param.name()), &s.shape)?);
+            v.extend(take(format!("optim.{n}.{}", s.param.name()), shape)?);
         }
     }
     if let Some(extra) = tensors.keys().next() {

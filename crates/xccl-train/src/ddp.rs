@@ -15,23 +15,12 @@ use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp, Work};
 
+pub use crate::config::DdpConfig;
 use crate::error::{Error, Result};
+use crate::metrics::StepStat;
 use crate::params::{Chunks, ParamSet};
-
-/// Bucket sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DdpConfig {
-    /// Most bytes of gradient per bucket (PyTorch's default: 25 MiB).
-    pub bucket_bytes: usize,
-    /// Most bytes in the first bucket, the one launched first (PyTorch's: 1 MiB).
-    pub first_bucket_bytes: usize,
-}
-
-impl Default for DdpConfig {
-    fn default() -> DdpConfig {
-        DdpConfig { bucket_bytes: 25 << 20, first_bucket_bytes: 1 << 20 }
-    }
-}
+use crate::run::{Context, Finish, Observer, Start};
+use crate::trace::{Kind, Trace};
 
 /// One bucket: a chunk of the gradient chunks and the lowest block it covers.
 #[derive(Clone, Debug)]
@@ -130,6 +119,46 @@ impl Ddp {
         self.launched = 0;
         Ok((total[0], t0.elapsed()))
     }
+}
+
+/// The DDP loop: every rank is a worker and holds the whole optimiser.
+pub(crate) fn run(
+    cx: &Context,
+    config: DdpConfig,
+    start: Start,
+    trace: &mut Trace,
+    observer: &mut dyn Observer,
+) -> Result<Finish> {
+    let dp = cx.mesh.dp();
+    let (mut ddp, mut grads) = Ddp::new(dp.clone(), cx.model.params(), config)?;
+    let Start { step: first, mut params, mut optimizer, mut losses } = start;
+    let mut steps = Vec::new();
+    for step in first..cx.config.steps {
+        let t0 = Instant::now();
+        let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
+        grads.zero();
+        let local = cx.gradients(&share, norm, &mut grads, trace, |k, g| ddp.block_done(k, g))?;
+        let w0 = Instant::now();
+        let (loss, wait) = ddp.finish(&mut grads, local)?;
+        trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
+        trace.span(
+            || "optimizer".into(),
+            || optimizer.step(&mut params, &grads).and_then(|()| cx.model.params().write(&params)),
+        )?;
+        let stat =
+            StepStat { step, seconds: t0.elapsed().as_secs_f64(), wait: wait.as_secs_f64(), version: None };
+        observer.step(&stat);
+        steps.push(stat);
+        if cx.mesh.world().rank() == 0 {
+            losses.push((step, loss));
+            observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
+        }
+        // The tensor-parallel group of data-parallel rank 0 gathers and writes.
+        if dp.rank() == 0 && cx.checkpoint_due(step + 1) {
+            trace.span(|| "checkpoint".into(), || cx.save(step + 1, &params, optimizer.state(), &losses))?;
+        }
+    }
+    Ok(Finish { params, steps, losses, role: "worker" })
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@
 //!     task: TaskConfig::Sums { digits: 2 },
 //!     optim: OptimConfig::adamw(1e-2),
 //!     strategy: Strategy::Ddp(DdpConfig::default()),
+//!     tp: 1,
+//!     sp: false,
 //!     batch: 16,
 //!     accum: 1,
 //!     steps: 30,
@@ -67,14 +69,18 @@
 //! ```
 
 pub mod checkpoint;
+pub mod config;
 pub mod data;
 pub mod ddp;
 mod error;
+pub mod mesh;
 pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod params;
 pub mod ps;
+pub mod run;
+pub mod tp;
 pub mod trace;
 pub mod trainer;
 

@@ -40,13 +40,83 @@ pub struct RankReport {
     pub steps: Vec<StepStat>,
     /// Its trace spans (empty when tracing is off).
     pub spans: Vec<Span>,
+    /// Parameter elements it holds (its tensor-parallel pieces).
+    pub params_held: usize,
+    /// Peak resident memory of its process, bytes (0 where unknown).
+    pub peak_rss_bytes: u64,
+    /// What went through each of its communicators (recorded when tracing).
+    pub comm: Vec<CommVolume>,
+}
+
+/// The operations of one communicator of one rank and the bytes they carried.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CommVolume {
+    /// `comm tp`, `comm dp`, `comm world`.
+    pub label: String,
+    /// Operations.
+    pub ops: u64,
+    /// Bytes of this rank's inputs (a collective's input buffer, a message).
+    pub bytes: u64,
+    /// Bytes this rank sends in a ring algorithm of the same operations (nccl-tests' bus
+    /// bandwidth convention): an all-reduce of `n` bytes on `p` ranks `2(p−1)/p·n`, an
+    /// all-gather `(p−1)·n` of its `n`-byte input, a reduce-scatter `(p−1)/p·n` of its
+    /// `n`-byte input, anything else `n`. By this measure Megatron's all-reduce and sequence
+    /// parallelism's all-gather + reduce-scatter of the same tensor are equal.
+    pub bus_bytes: u64,
+}
+
+impl CommVolume {
+    /// The volume of operations `ops` of a communicator of `size` ranks.
+    pub fn of(label: &str, size: usize, ops: &[xccl::OpSpan]) -> CommVolume {
+        let p = size as f64;
+        let bus: f64 = ops
+            .iter()
+            .map(|o| {
+                let n = o.bytes as f64;
+                let kind = o.name.split_whitespace().next().unwrap_or_default();
+                match kind {
+                    _ if size <= 1 => 0.0,
+                    "all_reduce" => 2.0 * (p - 1.0) / p * n,
+                    "all_gather" => (p - 1.0) * n,
+                    "reduce_scatter" => (p - 1.0) / p * n,
+                    _ => n,
+                }
+            })
+            .sum();
+        CommVolume {
+            label: label.to_string(),
+            ops: ops.len() as u64,
+            bytes: ops.iter().map(|o| o.bytes as u64).sum(),
+            bus_bytes: bus.round() as u64,
+        }
+    }
+}
+
+/// The peak resident memory of this process (`VmHWM`), bytes; 0 where it cannot be read.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
 }
 
 impl RankReport {
     fn to_json(&self) -> Value {
         let steps: Vec<Value> =
             self.steps.iter().map(|s| json!([s.step, s.seconds, s.wait, s.version])).collect();
-        json!({"rank": self.rank, "role": self.role, "steps": steps, "spans": trace::to_json(&self.spans)})
+        json!({
+            "rank": self.rank,
+            "role": self.role,
+            "steps": steps,
+            "spans": trace::to_json(&self.spans),
+            "params_held": self.params_held,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "comm": self.comm,
+        })
     }
 
     fn from_json(v: &Value) -> Option<RankReport> {
@@ -67,6 +137,9 @@ impl RankReport {
             role: v["role"].as_str()?.to_string(),
             steps,
             spans: trace::from_json(&v["spans"]),
+            params_held: usize::try_from(v["params_held"].as_u64()?).ok()?,
+            peak_rss_bytes: v["peak_rss_bytes"].as_u64()?,
+            comm: serde_json::from_value(v["comm"].clone()).ok()?,
         })
     }
 }
@@ -126,6 +199,21 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Parameter server: `(staleness, worker steps)` over every worker step.
     pub staleness: Vec<(u64, usize)>,
+    /// Per rank: parameters held, peak memory and communication volume.
+    pub per_rank: Vec<RankFacts>,
+}
+
+/// What one rank held and moved.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RankFacts {
+    /// The rank.
+    pub rank: usize,
+    /// Parameter elements it holds.
+    pub params_held: usize,
+    /// Peak resident memory of its process, bytes.
+    pub peak_rss_bytes: u64,
+    /// Per communicator, per step: `(label, bytes, bus bytes)`.
+    pub comm_per_step: Vec<(String, f64, f64)>,
 }
 
 impl Summary {
@@ -160,6 +248,23 @@ impl Summary {
             }
         }
         staleness.sort_unstable();
+        let per_rank = reports
+            .iter()
+            .map(|r| {
+                let steps = r.steps.len().max(1) as f64;
+                RankFacts {
+                    rank: r.rank,
+                    params_held: r.params_held,
+                    peak_rss_bytes: r.peak_rss_bytes,
+                    comm_per_step: r
+                        .comm
+                        .iter()
+                        .filter(|c| c.ops > 0)
+                        .map(|c| (c.label.clone(), c.bytes as f64 / steps, c.bus_bytes as f64 / steps))
+                        .collect(),
+                }
+            })
+            .collect();
         let per = |x: f64| if n > 0 { x / n as f64 } else { 0.0 };
         Summary {
             ranks,
@@ -173,6 +278,7 @@ impl Summary {
             exposed_seconds: per(wait),
             wall_seconds,
             staleness,
+            per_rank,
         }
     }
 
@@ -208,6 +314,13 @@ impl Summary {
             "exposed_share": self.exposed_share(),
             "wall_seconds": self.wall_seconds,
             "staleness": self.staleness,
+            "per_rank": self.per_rank.iter().map(|r| json!({
+                "rank": r.rank,
+                "params_held": r.params_held,
+                "peak_rss_bytes": r.peak_rss_bytes,
+                "comm_bytes": r.comm_per_step.iter().map(|(l, b, _)| (l.trim_start_matches("comm ").to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+                "comm_bus_bytes": r.comm_per_step.iter().map(|(l, _, b)| (l.trim_start_matches("comm ").to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
             "text": self.render(),
         })
     }
@@ -247,6 +360,22 @@ impl Summary {
                 .collect();
             s += &format!("staleness           {} (of {total} worker steps)\n", hist.join(", "));
         }
+        for r in &self.per_rank {
+            let comm: Vec<String> = r
+                .comm_per_step
+                .iter()
+                .map(|(l, b, _)| format!("{} {:.1} KiB", l.trim_start_matches("comm "), b / 1024.0))
+                .collect();
+            s += &format!(
+                "rank {:<3}            {} parameters ({:.1}% of the model), peak memory {:.1} MiB{}{}\n",
+                r.rank,
+                r.params_held,
+                100.0 * r.params_held as f64 / self.params.max(1) as f64,
+                r.peak_rss_bytes as f64 / f64::from(1u32 << 20),
+                if comm.is_empty() { "" } else { ", per step " },
+                comm.join(", ")
+            );
+        }
         s
     }
 }
@@ -268,12 +397,18 @@ mod tests {
                     stat(2, 1.0, 0.1, Some(2)),
                 ],
                 spans: Vec::new(),
+                params_held: 10,
+                peak_rss_bytes: 1 << 20,
+                comm: vec![CommVolume { label: "comm dp".into(), ops: 3, bytes: 300, bus_bytes: 300 }],
             },
             RankReport {
                 rank: 1,
                 role: "worker".into(),
                 steps: vec![stat(0, 9.0, 9.0, Some(0)), stat(1, 3.0, 0.3, Some(1))],
                 spans: Vec::new(),
+                params_held: 10,
+                peak_rss_bytes: 0,
+                comm: Vec::new(),
             },
         ];
         let s = Summary::new(2, "ps".into(), 10, vec![(0, 2.0), (1, 1.5)], 100, 5.0, &reports);

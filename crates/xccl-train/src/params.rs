@@ -12,17 +12,139 @@ use candle_core::{Tensor, TensorId, Var};
 
 use crate::error::{Error, Result};
 
+/// How a parameter is divided over the tensor-parallel group.
+///
+/// The *full* tensor is the parameter of the unsharded model (tp = 1), with the same name;
+/// every rank of the group holds either all of it or one piece of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shard {
+    /// Every rank holds the whole tensor.
+    Replicated,
+    /// Divided along dimension `dim`. That dimension of the full tensor is `groups` equal
+    /// consecutive groups (3 for a fused q/k/v weight, else 1); each group is padded with
+    /// zeros to a multiple of `parts` and cut into `parts` contiguous pieces, and rank
+    /// `index` holds piece `index` of every group (Megatron's `stride`). A vocabulary of 12
+    /// over 8 ranks: padded to 16, two rows per rank, ranks 6 and 7 hold padding only.
+    Split {
+        /// The dimension divided.
+        dim: usize,
+        /// Consecutive groups the dimension is made of.
+        groups: usize,
+        /// Pieces each group is cut into (the tensor-parallel group's size).
+        parts: usize,
+        /// The piece this rank holds.
+        index: usize,
+    },
+}
+
+impl Shard {
+    /// The shape this rank holds of a full tensor of shape `full`.
+    pub fn local_shape(&self, full: &[usize]) -> Vec<usize> {
+        let mut shape = full.to_vec();
+        if let Shard::Split { dim, groups, parts, .. } = *self {
+            shape[dim] = groups * (full[dim] / groups).div_ceil(parts);
+        }
+        shape
+    }
+
+    /// For each element along the divided dimension of the local tensor, the index it has
+    /// in the full tensor, or `None` for padding; `None` when not split.
+    fn local_to_full(&self, full: &[usize]) -> Option<Vec<Option<usize>>> {
+        let Shard::Split { dim, groups, parts, index } = *self else { return None };
+        let per_group = full[dim] / groups;
+        let piece = per_group.div_ceil(parts);
+        let map = (0..groups)
+            .flat_map(|g| {
+                (0..piece).map(move |i| {
+                    let at = index * piece + i;
+                    (at < per_group).then_some(g * per_group + at)
+                })
+            })
+            .collect();
+        Some(map)
+    }
+
+    /// This rank's piece of `full_values` (a tensor of shape `full`), padding zero.
+    pub fn slice(&self, full: &[usize], full_values: &[f32]) -> Vec<f32> {
+        let Some(map) = self.local_to_full(full) else { return full_values.to_vec() };
+        let Shard::Split { dim, .. } = *self else { return full_values.to_vec() };
+        let (outer, inner) = outer_inner(full, dim);
+        let mut out = Vec::with_capacity(outer * map.len() * inner);
+        for o in 0..outer {
+            for m in &map {
+                match m {
+                    Some(j) => {
+                        let at = (o * full[dim] + j) * inner;
+                        out.extend_from_slice(&full_values[at..at + inner]);
+                    }
+                    None => out.extend(std::iter::repeat_n(0.0, inner)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes this rank's piece `local` into `full_values` (shape `full`), skipping padding.
+    pub fn place(&self, full: &[usize], local: &[f32], full_values: &mut [f32]) {
+        let (Some(map), Shard::Split { dim, .. }) = (self.local_to_full(full), *self) else {
+            full_values.copy_from_slice(local);
+            return;
+        };
+        let (outer, inner) = outer_inner(full, dim);
+        for o in 0..outer {
+            for (i, m) in map.iter().enumerate() {
+                if let Some(j) = m {
+                    let from = (o * map.len() + i) * inner;
+                    let to = (o * full[dim] + j) * inner;
+                    full_values[to..to + inner].copy_from_slice(&local[from..from + inner]);
+                }
+            }
+        }
+    }
+
+    /// The same division for another rank of the group.
+    pub fn for_rank(&self, rank: usize) -> Shard {
+        match *self {
+            Shard::Replicated => Shard::Replicated,
+            Shard::Split { dim, groups, parts, .. } => Shard::Split { dim, groups, parts, index: rank },
+        }
+    }
+}
+
+/// Elements before dimension `dim` (as one count) and after it.
+fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
+    (shape[..dim].iter().product(), shape[dim + 1..].iter().product())
+}
+
 /// One named, trainable tensor of a block.
 #[derive(Clone, Debug)]
 pub struct Param {
     name: String,
     var: Var,
+    shard: Shard,
+    full_shape: Vec<usize>,
 }
 
 impl Param {
-    /// A parameter called `name` held in `var`.
+    /// A parameter called `name` held in `var`, not sharded.
     pub fn new(name: impl Into<String>, var: Var) -> Param {
-        Param { name: name.into(), var }
+        let full_shape = var.as_tensor().dims().to_vec();
+        Param { name: name.into(), var, shard: Shard::Replicated, full_shape }
+    }
+
+    /// A parameter holding piece `shard` of the full tensor of shape `full_shape`.
+    pub fn sharded(name: impl Into<String>, var: Var, shard: Shard, full_shape: Vec<usize>) -> Param {
+        Param { name: name.into(), var, shard, full_shape }
+    }
+
+    /// How it is divided over the tensor-parallel group.
+    pub fn shard(&self) -> Shard {
+        self.shard
+    }
+
+    /// The shape of the full (unsharded) tensor.
+    pub fn full_shape(&self) -> &[usize] {
+        &self.full_shape
     }
 
     /// Its full name, e.g. `h01.attn.qkv.weight`.
@@ -50,14 +172,21 @@ pub struct Slot {
     pub block: usize,
     /// First element in the flat vector.
     pub offset: usize,
-    /// Its shape.
+    /// Its shape (this rank's piece).
     pub shape: Vec<usize>,
+    /// First element in the full flat vector (every parameter unsharded, as at tp = 1).
+    pub full_offset: usize,
 }
 
 impl Slot {
     /// Its elements in the flat vector.
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.shape.iter().product::<usize>()
+    }
+
+    /// Its elements in the full flat vector.
+    pub fn full_range(&self) -> Range<usize> {
+        self.full_offset..self.full_offset + self.param.full_shape.iter().product::<usize>()
     }
 }
 
@@ -67,6 +196,7 @@ impl Slot {
 pub struct ParamSet {
     slots: Vec<Slot>,
     len: usize,
+    full_len: usize,
     by_id: HashMap<TensorId, usize>,
 }
 
@@ -74,14 +204,21 @@ impl ParamSet {
     /// Lays out the parameters owned by each block (`owned[k]` for block `k`).
     pub fn new(owned: &[&[Param]]) -> Result<ParamSet> {
         let mut slots = Vec::new();
-        let mut len = 0;
+        let (mut len, mut full_len) = (0, 0);
         for (block, params) in owned.iter().enumerate() {
             let mut params: Vec<&Param> = params.iter().collect();
             params.sort_by(|a, b| a.name.cmp(&b.name));
             for p in params {
                 let shape = p.tensor().dims().to_vec();
-                slots.push(Slot { param: p.clone(), block, offset: len, shape });
+                if p.shard.local_shape(&p.full_shape) != shape {
+                    return Err(Error::internal(format!(
+                        "parameter {} holds {shape:?}, not its piece of {:?}",
+                        p.name, p.full_shape
+                    )));
+                }
+                slots.push(Slot { param: p.clone(), block, offset: len, shape, full_offset: full_len });
                 len += p.tensor().elem_count();
+                full_len += p.full_shape.iter().product::<usize>();
             }
         }
         let mut by_id = HashMap::new();
@@ -94,12 +231,56 @@ impl ParamSet {
                 return Err(Error::config(format!("two parameters are called {}", s.param.name)));
             }
         }
-        Ok(ParamSet { slots, len, by_id })
+        Ok(ParamSet { slots, len, full_len, by_id })
     }
 
-    /// Total number of elements.
+    /// Total number of elements this rank holds.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Total number of elements of the full (unsharded) parameters.
+    pub fn full_len(&self) -> usize {
+        self.full_len
+    }
+
+    /// This rank's flat vector, cut from the full flat vector `full` (checkpoints, starts).
+    pub fn local_of_full(&self, full: &[f32]) -> Result<Vec<f32>> {
+        if full.len() != self.full_len {
+            return Err(Error::internal(format!(
+                "{} values given for {} full parameter elements",
+                full.len(),
+                self.full_len
+            )));
+        }
+        let mut local = Vec::with_capacity(self.len);
+        for s in &self.slots {
+            local.extend(s.param.shard.slice(&s.param.full_shape, &full[s.full_range()]));
+        }
+        Ok(local)
+    }
+
+    /// The full flat vector from every tensor-parallel rank's flat vector (`locals[r]` is
+    /// rank `r`'s, as laid out by the same model built for rank `r`).
+    pub fn full_of_locals(&self, locals: &[&[f32]]) -> Result<Vec<f32>> {
+        let mut full = vec![0.0; self.full_len];
+        for (r, local) in locals.iter().enumerate() {
+            if local.len() != self.len {
+                return Err(Error::internal(format!(
+                    "rank {r} holds {} parameter elements, this rank {}",
+                    local.len(),
+                    self.len
+                )));
+            }
+            for s in &self.slots {
+                let shard = s.param.shard.for_rank(r);
+                if r > 0 && shard == Shard::Replicated {
+                    continue;
+                }
+                shard.place(&s.param.full_shape, &local[s.range()], &mut full[s.full_range()]);
+            }
+        }
+        Ok(full)
     }
 
     /// Whether there are no parameters at all.

@@ -30,24 +30,14 @@ use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp, Work};
 
+pub use crate::config::PsConfig;
 use crate::data::shares;
 use crate::error::{Error, Result};
 use crate::metrics::StepStat;
 use crate::optim::Optimizer;
 use crate::params::Chunks;
+use crate::run::{Context, Finish, Observer, Start};
 use crate::trace::{Kind, Trace};
-use crate::trainer::{Context, Finish, Observer, Start};
-
-/// Parameter-server settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PsConfig {
-    /// Server ranks (the first `servers` ranks), each holding one shard.
-    pub servers: usize,
-    /// Servers only serve; otherwise they are workers too.
-    pub dedicated: bool,
-    /// Staleness bound `s`: a worker at clock `c` needs parameters of version `>= c - s`.
-    pub staleness: u64,
-}
 
 /// Who serves and who works in a job of `size` ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -381,7 +371,7 @@ impl Server {
         let params = gather(&self.params)?;
         let state = self.optimizer.state().iter().map(|s| gather(s)).collect::<Result<Vec<_>>>()?;
         if self.shard == 0 {
-            cx.save(version, params, state, &self.losses)?;
+            cx.save(version, &params, &state, &self.losses)?;
         }
         self.trace.record(Kind::Compute, "checkpoint".into(), t0, Instant::now());
         Ok(())
@@ -457,7 +447,7 @@ impl Groups {
 
 /// The server of shard `rank` on a server rank, starting from `start`.
 fn server(cx: &Context, groups: &Groups, ranges: &[Range<usize>], start: &Start) -> Result<Option<Server>> {
-    let j = cx.world.rank();
+    let j = cx.mesh.dp().rank();
     let Some(servers) = &groups.servers else { return Ok(None) };
     let range = ranges[j].clone();
     let state = start.optimizer.state().iter().map(|s| s[range.clone()].to_vec()).collect();
@@ -554,7 +544,7 @@ pub(crate) fn run(
     trace: &mut Trace,
     observer: &mut dyn Observer,
 ) -> Result<Finish> {
-    let world = cx.world;
+    let world = cx.mesh.dp();
     let rank = world.rank();
     let roles = Roles::new(world.size(), &config)?;
     let ranges = shares(cx.model.params().len(), config.servers);

@@ -8,7 +8,7 @@ use rand_distr::{Distribution, Normal};
 
 use super::ops;
 use crate::error::{Error, Result};
-use crate::params::Param;
+use crate::params::{Param, Shard};
 
 /// One stage of a model: a function of one input tensor with its own parameters.
 ///
@@ -45,22 +45,42 @@ impl Init {
 
     /// A parameter called `name` with elements drawn from N(0, `std`²).
     pub fn normal(&mut self, name: String, shape: &[usize], std: f32) -> Result<Param> {
+        self.normal_sharded(name, shape, std, Shard::Replicated)
+    }
+
+    /// This rank's piece `shard` of a parameter of full shape `shape` drawn from N(0, `std`²):
+    /// the whole tensor is drawn, as for the unsharded model, and the piece kept, so that the
+    /// pieces of all ranks are exactly the unsharded parameter.
+    pub fn normal_sharded(&mut self, name: String, shape: &[usize], std: f32, shard: Shard) -> Result<Param> {
         let normal = Normal::new(0.0f32, std)
             .map_err(|e| Error::config(format!("standard deviation {std} for {name}: {e}")))?;
         let n = shape.iter().product();
         let values: Vec<f32> = (0..n).map(|_| normal.sample(&mut self.rng)).collect();
-        self.param(name, shape, &values)
+        self.param(name, shape, &values, shard)
     }
 
     /// A parameter called `name` with every element `value`.
     pub fn constant(&mut self, name: String, shape: &[usize], value: f32) -> Result<Param> {
-        let values = vec![value; shape.iter().product()];
-        self.param(name, shape, &values)
+        self.constant_sharded(name, shape, value, Shard::Replicated)
     }
 
-    fn param(&self, name: String, shape: &[usize], values: &[f32]) -> Result<Param> {
-        let t = Tensor::from_slice(values, shape, &self.device)?;
-        Ok(Param::new(name, Var::from_tensor(&t)?))
+    /// This rank's piece `shard` of a parameter of full shape `shape`, every element `value`
+    /// (padding zero).
+    pub fn constant_sharded(
+        &mut self,
+        name: String,
+        shape: &[usize],
+        value: f32,
+        shard: Shard,
+    ) -> Result<Param> {
+        let values = vec![value; shape.iter().product()];
+        self.param(name, shape, &values, shard)
+    }
+
+    fn param(&self, name: String, full: &[usize], values: &[f32], shard: Shard) -> Result<Param> {
+        let local = shard.slice(full, values);
+        let t = Tensor::from_vec(local, shard.local_shape(full), &self.device)?;
+        Ok(Param::sharded(name, Var::from_tensor(&t)?, shard, full.to_vec()))
     }
 
     /// A linear layer `x W^T + b` from `inputs` to `outputs` features, its weight drawn

@@ -2,56 +2,65 @@
 //! layers, and an output head that is tied to the token embedding or has its own weight.
 //!
 //! Blocks: `embed`, `h00` … `hNN` (one per layer), `head` (final norm and output).
+//!
+//! Built for a tensor-parallel group ([`Tp`]) the layers are Megatron's: the token
+//! embedding and the output head split by vocabulary, attention heads split over the
+//! group (q/k/v column-parallel, output projection row-parallel), the MLP column- then
+//! row-parallel: one all-reduce forward and one backward per attention and per MLP. With
+//! sequence parallelism the norms and residuals work on `len / tp` positions per rank.
 
 use candle_core::{D, Module, Tensor};
 
 use super::ModelConfig;
-use super::block::{Block, Init, LayerNorm, Linear, expect_ids};
+use super::block::{Block, Init, LayerNorm, expect_ids};
 use super::ops::gelu;
 use crate::error::{Error, Result};
 use crate::params::Param;
+use crate::tp::{ColumnParallelLinear, RowParallelLinear, Tp, VocabParallelEmbedding};
 
 /// Standard deviation of initial weights (GPT-2's).
 const STD: f32 = 0.02;
 
-/// Builds the blocks of a GPT for `cfg`.
-pub fn build(cfg: &ModelConfig, init: &mut Init) -> Result<Vec<Box<dyn Block>>> {
+/// Builds the blocks of a GPT for `cfg`, this rank's part of them for group `tp`.
+pub fn build(cfg: &ModelConfig, init: &mut Init, tp: &Tp) -> Result<Vec<Box<dyn Block>>> {
     if cfg.heads == 0 || !cfg.width.is_multiple_of(cfg.heads) {
         return Err(Error::config(format!(
             "--width {} must be a multiple of --heads {} (each head gets width / heads features)",
             cfg.width, cfg.heads
         )));
     }
-    let embed = Embed::new(cfg, init)?;
-    let tok = embed.tok.clone();
+    Tp::check_sizes(tp.size(), false, cfg.heads, 0)?;
+    let embed = Embed::new(cfg, init, tp)?;
+    let tok = embed.tok.table().clone();
     let mut blocks: Vec<Box<dyn Block>> = vec![Box::new(embed)];
     // Residual projections are scaled down with depth, as in GPT-2.
     let residual_std = STD / (2.0 * cfg.layers as f32).sqrt();
     for l in 0..cfg.layers {
-        blocks.push(Box::new(Layer::new(cfg, init, l, residual_std)?));
+        blocks.push(Box::new(Layer::new(cfg, init, l, residual_std, tp)?));
     }
-    blocks.push(Box::new(Head::new(cfg, init, cfg.tied.then_some(tok))?));
+    blocks.push(Box::new(Head::new(cfg, init, cfg.tied.then_some(tok), tp)?));
     Ok(blocks)
 }
 
-/// Token and position embeddings: ids `[rows, len]` to `[rows, len, width]`.
+/// Token and position embeddings: ids `[rows, len]` to `[rows, len, width]` (with sequence
+/// parallelism, this rank's `[rows, len / tp, width]`).
 struct Embed {
-    tok: Param,
+    tok: VocabParallelEmbedding,
     pos: Tensor,
     params: Vec<Param>,
     context: usize,
+    tp: Tp,
 }
 
 impl Embed {
-    fn new(cfg: &ModelConfig, init: &mut Init) -> Result<Embed> {
-        let tok = init.normal("embed.tok".into(), &[cfg.vocab, cfg.width], STD)?;
+    fn new(cfg: &ModelConfig, init: &mut Init, tp: &Tp) -> Result<Embed> {
+        let mut params = Vec::new();
+        let tok =
+            VocabParallelEmbedding::new(init, &mut params, "embed.tok", (cfg.vocab, cfg.width), STD, tp)?;
         let pos = init.normal("embed.pos".into(), &[cfg.context, cfg.width], STD)?;
-        Ok(Embed {
-            tok: tok.clone(),
-            pos: pos.tensor().clone(),
-            params: vec![tok, pos],
-            context: cfg.context,
-        })
+        let pos_tensor = pos.tensor().clone();
+        params.push(pos);
+        Ok(Embed { tok, pos: pos_tensor, params, context: cfg.context, tp: tp.clone() })
     }
 }
 
@@ -61,10 +70,12 @@ impl Block for Embed {
     }
 
     fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t) = expect_ids("embed", ids, self.context)?;
-        let width = self.tok.tensor().dim(1)?;
-        let tok = self.tok.tensor().index_select(&ids.flatten_all()?, 0)?.reshape((b, t, width))?;
-        tok.broadcast_add(&self.pos.narrow(0, 0, t)?)
+        expect_ids("embed", ids, self.context)?;
+        let tok = self.tok.forward(ids)?;
+        // Under sequence parallelism this rank holds positions first .. first + len.
+        let len = tok.dim(1)?;
+        let first = if self.tp.sp() { self.tp.rank() * len } else { 0 };
+        tok.broadcast_add(&self.pos.narrow(0, first, len)?)
     }
 
     fn params(&self) -> &[Param] {
@@ -76,11 +87,12 @@ impl Block for Embed {
 struct Layer {
     name: String,
     ln1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
+    qkv: ColumnParallelLinear,
+    proj: RowParallelLinear,
     ln2: LayerNorm,
-    fc: Linear,
-    out: Linear,
+    fc: ColumnParallelLinear,
+    out: RowParallelLinear,
+    /// Heads on this rank.
     heads: usize,
     /// `[context, context]`: 0 on and below the diagonal, a large negative number above.
     causal: Tensor,
@@ -88,27 +100,33 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(cfg: &ModelConfig, init: &mut Init, index: usize, residual_std: f32) -> Result<Layer> {
+    fn new(cfg: &ModelConfig, init: &mut Init, index: usize, residual_std: f32, tp: &Tp) -> Result<Layer> {
         let name = format!("h{index:02}");
         let d = cfg.width;
         let mut params = Vec::new();
-        let ln1 = init.layer_norm(&mut params, &format!("{name}.ln1"), d)?;
-        let qkv = init.linear(&mut params, &format!("{name}.attn.qkv"), d, 3 * d, STD)?;
-        let proj = init.linear(&mut params, &format!("{name}.attn.proj"), d, d, residual_std)?;
-        let ln2 = init.layer_norm(&mut params, &format!("{name}.ln2"), d)?;
-        let fc = init.linear(&mut params, &format!("{name}.mlp.fc"), d, 4 * d, STD)?;
-        let out = init.linear(&mut params, &format!("{name}.mlp.out"), 4 * d, d, residual_std)?;
+        let p = &mut params;
+        let ln1 = init.layer_norm(p, &format!("{name}.ln1"), d)?;
+        // q, k and v are three groups of `heads` heads: each rank takes its heads of each.
+        let qkv =
+            ColumnParallelLinear::new(init, p, &format!("{name}.attn.qkv"), (d, 3 * d), STD, true, 3, tp)?;
+        let proj = RowParallelLinear::new(init, p, &format!("{name}.attn.proj"), (d, d), residual_std, tp)?;
+        let ln2 = init.layer_norm(p, &format!("{name}.ln2"), d)?;
+        let fc = ColumnParallelLinear::new(init, p, &format!("{name}.mlp.fc"), (d, 4 * d), STD, true, 1, tp)?;
+        let out = RowParallelLinear::new(init, p, &format!("{name}.mlp.out"), (4 * d, d), residual_std, tp)?;
         let n = cfg.context;
         let mask: Vec<f32> = (0..n * n).map(|i| if i % n > i / n { -1e9 } else { 0.0 }).collect();
         let causal = Tensor::from_vec(mask, (n, n), &candle_core::Device::Cpu)?;
-        Ok(Layer { name, ln1, qkv, proj, ln2, fc, out, heads: cfg.heads, causal, params })
+        let heads = cfg.heads / tp.size();
+        Ok(Layer { name, ln1, qkv, proj, ln2, fc, out, heads, causal, params })
     }
 
     fn attention(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, d) = x.dims3()?;
+        // [b, t, 3·d/tp] (the whole sequence, this rank's heads) -> [3, b, heads, t, dh]
+        let qkv = self.qkv.forward(x)?;
+        let (b, t, three_d) = qkv.dims3()?;
+        let d = three_d / 3;
         let dh = d / self.heads;
-        // [b, t, 3d] -> [3, b, heads, t, dh]
-        let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.heads, dh))?.permute((2, 0, 3, 1, 4))?;
+        let qkv = qkv.reshape((b, t, 3, self.heads, dh))?.permute((2, 0, 3, 1, 4))?;
         let q = qkv.get(0)?.contiguous()?;
         let k = qkv.get(1)?.contiguous()?;
         let v = qkv.get(2)?.contiguous()?;
@@ -138,29 +156,31 @@ impl Block for Layer {
 }
 
 /// Final layer norm and output projection to the vocabulary: `[rows, len, width]` to
-/// logits `[rows, len, vocab]`.
+/// logits `[rows, len, vocab]`; with tensor parallelism this rank's `vocab / tp` (padded)
+/// columns, which the loss uses as they are.
 struct Head {
     norm: LayerNorm,
-    /// Weight `[vocab, width]`: the token embedding when tied, else the head's own.
-    out: Linear,
+    /// Weight `[vocab / tp, width]`: the token embedding's rows when tied, else the head's own.
+    out: ColumnParallelLinear,
     params: Vec<Param>,
     shared: Vec<Param>,
 }
 
 impl Head {
-    fn new(cfg: &ModelConfig, init: &mut Init, tied: Option<Param>) -> Result<Head> {
+    fn new(cfg: &ModelConfig, init: &mut Init, tied: Option<Param>, tp: &Tp) -> Result<Head> {
         let mut params = Vec::new();
         let norm = init.layer_norm(&mut params, "head.norm", cfg.width)?;
-        let (weight, shared) = match tied {
-            Some(tok) => (tok.tensor().clone(), vec![tok]),
+        let (out, shared) = match tied {
+            Some(tok) => (ColumnParallelLinear::on_weight(tok.tensor().clone(), tp), vec![tok]),
             None => {
-                let w = init.normal("head.out.weight".into(), &[cfg.vocab, cfg.width], STD)?;
-                let t = w.tensor().clone();
-                params.push(w);
-                (t, Vec::new())
+                let shape = (cfg.width, cfg.vocab);
+                (
+                    ColumnParallelLinear::new(init, &mut params, "head.out", shape, STD, false, 1, tp)?,
+                    Vec::new(),
+                )
             }
         };
-        Ok(Head { norm, out: Linear::new(weight, None), params, shared })
+        Ok(Head { norm, out, params, shared })
     }
 }
 

@@ -17,7 +17,8 @@ use candle_core::{D, Tensor, Var};
 pub use block::{Block, Init, ids_tensor};
 
 use crate::error::{Error, Result};
-use crate::params::{Param, ParamSet};
+use crate::params::{Param, ParamSet, Shard};
+use crate::tp::{self, Tp};
 use crate::trace::Trace;
 
 /// Which architecture.
@@ -76,6 +77,8 @@ pub struct Model {
     config: ModelConfig,
     blocks: Vec<Box<dyn Block>>,
     params: ParamSet,
+    /// The tensor-parallel group the blocks were built for.
+    tp: Tp,
     /// For each block, the indices in `params` of the parameters it owns and shares.
     used: Vec<Vec<usize>>,
     /// For each block, the indices of the parameters it owns.
@@ -106,6 +109,12 @@ impl Model {
     /// Builds the model for `config`, its parameters drawn from a generator seeded with
     /// `seed`: every process that builds it gets the same values.
     pub fn new(config: &ModelConfig, seed: u64) -> Result<Model> {
+        Model::with_tp(config, seed, &Tp::none())
+    }
+
+    /// This rank's part of the model for `config` in tensor-parallel group `tp`: its
+    /// parameters are exact pieces of those [`Model::new`] draws from the same `seed`.
+    pub fn with_tp(config: &ModelConfig, seed: u64, tp: &Tp) -> Result<Model> {
         for (what, v) in
             [("--width", config.width), ("--context", config.context), ("vocabulary", config.vocab)]
         {
@@ -115,14 +124,17 @@ impl Model {
         }
         let mut init = Init::new(seed);
         let blocks = match config.kind {
-            ModelKind::Gpt => gpt::build(config, &mut init)?,
+            ModelKind::Gpt => gpt::build(config, &mut init, tp)?,
+            ModelKind::Mlp if tp.size() > 1 => {
+                return Err(Error::config("tensor parallelism (--tp) applies to --model gpt only"));
+            }
             ModelKind::Mlp => mlp::build(config, &mut init)?,
         };
-        Model::from_blocks(config.clone(), blocks)
+        Model::from_blocks(config.clone(), blocks, tp.clone())
     }
 
-    /// A model from blocks built elsewhere.
-    pub fn from_blocks(config: ModelConfig, blocks: Vec<Box<dyn Block>>) -> Result<Model> {
+    /// A model from blocks built elsewhere for tensor-parallel group `tp`.
+    pub fn from_blocks(config: ModelConfig, blocks: Vec<Box<dyn Block>>, tp: Tp) -> Result<Model> {
         let owned_params: Vec<&[Param]> = blocks.iter().map(|b| b.params()).collect();
         let params = ParamSet::new(&owned_params)?;
         let mut used = Vec::new();
@@ -153,7 +165,12 @@ impl Model {
             used.push(all);
             owned.push(own);
         }
-        Ok(Model { config, blocks, params, used, owned })
+        Ok(Model { config, blocks, params, tp, used, owned })
+    }
+
+    /// The tensor-parallel group it was built for.
+    pub fn tp(&self) -> &Tp {
+        &self.tp
     }
 
     /// Its configuration.
@@ -191,13 +208,50 @@ impl Model {
         Ok(Forward { outputs, inputs, graph })
     }
 
-    /// The logits for token ids `[rows, len]`, without keeping anything for backward.
+    /// The logits for token ids `[rows, len]`, `[rows, len, vocab]`, without keeping
+    /// anything for backward. With tensor parallelism every rank of the group must call it
+    /// (the vocabulary's pieces are gathered: for evaluation, never in training).
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
         let mut x = ids.clone();
         for b in &self.blocks {
             x = b.forward(&x)?.detach();
         }
-        Ok(x)
+        Ok(tp::comm::gather_last(&self.tp, &x)?.narrow(D::Minus1, 0, self.config.vocab)?)
+    }
+
+    /// The training loss of `logits` (this rank's vocabulary columns, `[rows, len, n]`)
+    /// against `targets` `[rows, len]` (u32), counting only positions where `mask`
+    /// `[rows, len]` is 1, summed and divided by `norm` (see [`loss`]): the fused,
+    /// vocabulary-parallel cross-entropy ([`tp::cross_entropy`]).
+    pub fn loss(&self, logits: &Tensor, targets: &Tensor, mask: &Tensor, norm: f64) -> Result<Tensor> {
+        let start = self.tp.rank() * self.config.vocab.div_ceil(self.tp.size());
+        Ok(tp::cross_entropy(&self.tp, logits, (start, self.config.vocab), targets, mask, norm)?)
+    }
+
+    /// With sequence parallelism, the gradients of parameters every rank of the group holds
+    /// whole (norms, row-parallel biases, position embeddings) are partial: each rank saw
+    /// only its positions. Sums them over the group (one all-reduce per block).
+    fn complete(&self, mut grads: BlockGrads) -> Result<BlockGrads> {
+        if !self.tp.sp() {
+            return Ok(grads);
+        }
+        let replicated = |i: usize| self.params.slots()[i].param.shard() == Shard::Replicated;
+        let mut flat = Vec::new();
+        for (i, g) in &grads {
+            if replicated(*i) {
+                flat.extend(g.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
+        self.tp.all_reduce(&mut flat)?;
+        let mut at = 0;
+        for (i, g) in &mut grads {
+            if replicated(*i) {
+                let n = g.elem_count();
+                *g = Tensor::from_slice(&flat[at..at + n], g.dims(), g.device())?;
+                at += n;
+            }
+        }
+        Ok(grads)
     }
 
     /// Backward of `loss` (computed from `fwd`'s logits), block by block from the last:
@@ -225,7 +279,7 @@ impl Model {
         if fwd.graph == Graph::Whole {
             let store = trace.span(|| "bwd model".to_string(), || loss.backward())?;
             for k in (0..n).rev() {
-                done(k, collect(&store, &self.owned[k])?)?;
+                done(k, self.complete(collect(&store, &self.owned[k])?)?)?;
             }
             return Ok(());
         }
@@ -249,7 +303,7 @@ impl Model {
                         None if k > 0 => return Err(Error::internal("blockwise input lost")),
                         _ => None,
                     };
-                    done(k, collect(&store, &self.used[k])?)?;
+                    done(k, self.complete(collect(&store, &self.used[k])?)?)?;
                     Ok(below)
                 },
             )?;
@@ -261,7 +315,9 @@ impl Model {
 /// Cross-entropy of `logits` `[rows, len, vocab]` against `targets` `[rows, len]` (u32),
 /// counting only positions where `mask` `[rows, len]` is 1, summed and divided by `norm`
 /// (the number of counted tokens in the whole global batch, so that gradients summed over
-/// ranks and micro-batches are those of the global mean loss).
+/// ranks and micro-batches are those of the global mean loss). Written with candle's
+/// differentiable operations: the reference that [`Model::loss`]'s fused kernel is tested
+/// against.
 pub fn loss(logits: &Tensor, targets: &Tensor, mask: &Tensor, norm: f64) -> Result<Tensor> {
     let (b, t, v) = logits.dims3()?;
     let logp = candle_nn::ops::log_softmax(&logits.reshape((b * t, v))?, D::Minus1)?;

@@ -1,0 +1,186 @@
+//! The settings of a training run, as plain data: [`TrainConfig`] and what it is made of
+//! (the data-parallel strategy, the tensor-parallel size, checkpointing). Every module of
+//! the run reads them; none of them depends on how a strategy is carried out.
+
+use std::path::PathBuf;
+
+use crate::data::{Task, TaskConfig};
+use crate::error::{Error, Result};
+use crate::model::{ModelConfig, ModelKind};
+use crate::optim::OptimConfig;
+
+/// Bucket sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DdpConfig {
+    /// Most bytes of gradient per bucket (PyTorch's default: 25 MiB).
+    pub bucket_bytes: usize,
+    /// Most bytes in the first bucket, the one launched first (PyTorch's: 1 MiB).
+    pub first_bucket_bytes: usize,
+}
+
+impl Default for DdpConfig {
+    fn default() -> DdpConfig {
+        DdpConfig { bucket_bytes: 25 << 20, first_bucket_bytes: 1 << 20 }
+    }
+}
+
+/// Parameter-server settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PsConfig {
+    /// Server ranks (the first `servers` ranks), each holding one shard.
+    pub servers: usize,
+    /// Servers only serve; otherwise they are workers too.
+    pub dedicated: bool,
+    /// Staleness bound `s`: a worker at clock `c` needs parameters of version `>= c - s`.
+    pub staleness: u64,
+}
+
+/// How the data-parallel ranks share the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every rank holds the parameters; gradients are all-reduced in buckets ([`crate::ddp`]).
+    Ddp(DdpConfig),
+    /// Server ranks hold the parameters; workers push gradients and pull parameters
+    /// ([`crate::ps`]).
+    Ps(PsConfig),
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Strategy::Ddp(d) => write!(
+                f,
+                "DDP (buckets of {} KiB, first {} KiB)",
+                d.bucket_bytes >> 10,
+                d.first_bucket_bytes >> 10
+            ),
+            Strategy::Ps(p) => {
+                let kind = if p.staleness == 0 {
+                    "synchronous".into()
+                } else {
+                    format!("staleness {}", p.staleness)
+                };
+                let dedicated = if p.dedicated { "dedicated" } else { "also workers" };
+                write!(f, "parameter server ({kind}, {} server(s), {dedicated})", p.servers)
+            }
+        }
+    }
+}
+
+/// Where and how often to checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The checkpoint file (see [`checkpoint::FILE_NAME`]).
+    pub path: PathBuf,
+    /// Write one every this many steps (0: only at the end); always at the end.
+    pub every: u64,
+    /// Continue from the file instead of starting fresh.
+    pub resume: bool,
+}
+
+/// A training run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// The model (its vocabulary must be the task's).
+    pub model: ModelConfig,
+    /// The data.
+    pub task: TaskConfig,
+    /// The optimiser.
+    pub optim: OptimConfig,
+    /// How the data-parallel ranks share the work.
+    pub strategy: Strategy,
+    /// Tensor-parallel size: each group of `tp` consecutive ranks holds one copy of the
+    /// model, every large weight split over it; the world has `dp × tp` ranks.
+    pub tp: usize,
+    /// Sequence parallelism inside each tensor-parallel group.
+    pub sp: bool,
+    /// Rows (sequences) per global step, over all ranks and micro-batches.
+    pub batch: usize,
+    /// Micro-batches each worker cuts its share into (gradient accumulation).
+    pub accum: usize,
+    /// Steps to train to (a resumed run continues up to this step).
+    pub steps: u64,
+    /// Seed of the parameters and of every batch.
+    pub seed: u64,
+    /// Checkpointing, if any.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Record a trace of compute and communication.
+    pub trace: bool,
+    /// Evaluate the final parameters on held-out data (rank 0).
+    pub evaluate: bool,
+}
+
+impl TrainConfig {
+    /// Checks the settings against each other and against the task.
+    pub fn validate(&self, task: &dyn Task) -> Result<()> {
+        if self.model.vocab != task.vocab() {
+            return Err(Error::config(format!(
+                "the model's vocabulary ({}) is not the data's ({})",
+                self.model.vocab,
+                task.vocab()
+            )));
+        }
+        if task.seq_len() > self.model.context {
+            return Err(Error::config(format!(
+                "rows of this data have {} tokens but --context is {}: raise --context",
+                task.seq_len(),
+                self.model.context
+            )));
+        }
+        if self.batch == 0 || self.accum == 0 {
+            return Err(Error::config("--batch and --accum must be at least 1"));
+        }
+        self.validate_tp(task)?;
+        self.optim.validate()
+    }
+
+    /// The tensor-parallel settings against the model, the data and the strategy.
+    fn validate_tp(&self, task: &dyn Task) -> Result<()> {
+        if self.tp == 0 {
+            return Err(Error::config("--tp must be at least 1"));
+        }
+        if self.tp == 1 {
+            return match self.sp {
+                true => Err(Error::config(
+                    "--sp splits sequences over a tensor-parallel group: use it with --tp 2 or more",
+                )),
+                false => Ok(()),
+            };
+        }
+        if self.model.kind != ModelKind::Gpt {
+            return Err(Error::config("tensor parallelism (--tp) applies to --model gpt only"));
+        }
+        if let Strategy::Ps(_) = self.strategy {
+            return Err(Error::config(
+                "the parameter server works on whole models: use --strategy ddp with --tp",
+            ));
+        }
+        crate::tp::Tp::check_sizes(self.tp, self.sp, self.model.heads, task.seq_len())
+    }
+
+    /// Data-parallel size on a world of `world` ranks; an error, before any communication,
+    /// when the world is not `dp × tp`.
+    pub fn dp(&self, world: usize) -> Result<usize> {
+        if self.tp == 0 || !world.is_multiple_of(self.tp) || world == 0 {
+            return Err(Error::config(format!(
+                "the job has {world} ranks, which is not a multiple of --tp {}: the world size \
+                 must be --dp × --tp",
+                self.tp
+            )));
+        }
+        Ok(world / self.tp)
+    }
+
+    /// Everything that determines the trajectory of the parameters (not the number of
+    /// ranks, the strategy or the accumulation, which training is equivalent under).
+    pub fn fingerprint(&self, task: &dyn Task) -> String {
+        format!(
+            "model: {}; data: {}; optimizer: {}; batch: {}; seed: {}",
+            self.model,
+            task.describe(),
+            self.optim,
+            self.batch,
+            self.seed
+        )
+    }
+}

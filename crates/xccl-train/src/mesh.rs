@@ -1,0 +1,164 @@
+//! The device mesh: the world's ranks as a grid with one named axis per kind of
+//! parallelism, and a communicator along each axis.
+//!
+//! Axes are listed outermost first; the last is innermost and varies fastest with the rank.
+//! With `dp × tp` (tensor parallelism innermost) ranks `k·tp .. k·tp + tp − 1` form a
+//! tensor-parallel group, so a group that talks in every layer stays inside a host when
+//! hosts hold whole groups, and ranks `j, j + tp, j + 2·tp, …` form a data-parallel group.
+//! The groups are made with [`Communicator::split`]; a pipeline axis slots in between
+//! (`dp × pp × tp`) without changing anything else.
+//!
+//! ```
+//! use xccl::Communicator;
+//! use xccl_train::mesh::{Axis, Mesh};
+//!
+//! # fn main() -> xccl_train::Result<()> {
+//! let meshes = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = Communicator::local(4)?
+//!         .into_iter()
+//!         .map(|world| s.spawn(move || Mesh::new(&world, &[(Axis::Dp, 2), (Axis::Tp, 2)])))
+//!         .collect();
+//!     ranks.into_iter().map(|h| h.join().expect("rank panicked")).collect::<xccl_train::Result<Vec<_>>>()
+//! })?;
+//! // Rank 3 is at dp 1, tp 1: second in the tensor-parallel group {2, 3} and in the
+//! // data-parallel group {1, 3}.
+//! assert_eq!((meshes[3].coord(Axis::Dp), meshes[3].coord(Axis::Tp)), (1, 1));
+//! assert_eq!(meshes[3].tp().size(), 2);
+//! assert_eq!(meshes[3].dp().rank(), 1);
+//! # Ok(())
+//! # }
+//! ```
+
+use xccl::Communicator;
+
+use crate::error::{Error, Result};
+
+/// A kind of parallelism, one axis of the mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// Data parallelism: replicas of the model on different rows of the batch.
+    Dp,
+    /// Tensor parallelism: every layer divided over the group.
+    Tp,
+}
+
+impl Axis {
+    /// Every kind of axis.
+    pub const ALL: [Axis; 2] = [Axis::Dp, Axis::Tp];
+
+    /// The axis's command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Dp => "dp",
+            Axis::Tp => "tp",
+        }
+    }
+}
+
+/// This rank's place in the mesh and the communicators along its axes.
+#[derive(Clone, Debug)]
+pub struct Mesh {
+    world: Communicator,
+    /// Axes, outermost first, with their sizes, this rank's coordinate and the group.
+    axes: Vec<(Axis, usize, usize, Communicator)>,
+}
+
+impl Mesh {
+    /// Arranges the ranks of `world` as a grid of `shape` (axes outermost first, each with
+    /// its size; an axis left out has size 1). Checks, before any communication, that the
+    /// sizes multiply to the world's size; then every rank splits the world once per axis
+    /// (collective).
+    pub fn new(world: &Communicator, shape: &[(Axis, usize)]) -> Result<Mesh> {
+        let product: usize = shape.iter().map(|&(_, n)| n).product();
+        let describe =
+            || shape.iter().map(|(a, n)| format!("--{} {n}", a.name())).collect::<Vec<_>>().join(" × ");
+        if shape.iter().any(|&(_, n)| n == 0) || product != world.size() {
+            return Err(Error::config(format!(
+                "the mesh {} has {product} ranks but the job has {}: the world size must be the \
+                 product of the parallel sizes",
+                describe(),
+                world.size()
+            )));
+        }
+        for (i, (a, _)) in shape.iter().enumerate() {
+            if shape[..i].iter().any(|(b, _)| b == a) {
+                return Err(Error::config(format!("the mesh names axis {} twice", a.name())));
+            }
+        }
+        let mut shape = shape.to_vec();
+        for axis in Axis::ALL {
+            if !shape.iter().any(|&(a, _)| a == axis) {
+                shape.push((axis, 1));
+            }
+        }
+        let shape = &shape[..];
+        // Coordinates: mixed radix, the last axis fastest.
+        let mut coords = vec![0; shape.len()];
+        let mut rest = world.rank();
+        for (c, &(_, n)) in coords.iter_mut().zip(shape).rev() {
+            *c = rest % n;
+            rest /= n;
+        }
+        let mut axes = Vec::with_capacity(shape.len());
+        for (i, &(axis, n)) in shape.iter().enumerate() {
+            // Ranks that agree on every other coordinate share a group along this axis.
+            let color = coords
+                .iter()
+                .zip(shape)
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .fold(0usize, |acc, (_, (&c, &(_, m)))| acc * m + c);
+            let color = u32::try_from(color).map_err(|_| Error::config("the mesh is too large"))?;
+            let key = i32::try_from(coords[i]).map_err(|_| Error::config("the mesh is too large"))?;
+            let group = world
+                .split(Some(color), key)?
+                .ok_or_else(|| Error::internal(format!("rank left out of its {} group", axis.name())))?;
+            axes.push((axis, n, coords[i], group));
+        }
+        Ok(Mesh { world: world.clone(), axes })
+    }
+
+    fn axis(&self, axis: Axis) -> &(Axis, usize, usize, Communicator) {
+        // Mesh::new gives every axis a place (size 1 when not asked for).
+        let i = self.axes.iter().position(|(a, ..)| *a == axis).unwrap_or_default();
+        &self.axes[i]
+    }
+
+    /// The whole job.
+    pub fn world(&self) -> &Communicator {
+        &self.world
+    }
+
+    /// The size of `axis`.
+    pub fn size(&self, axis: Axis) -> usize {
+        self.axis(axis).1
+    }
+
+    /// This rank's coordinate along `axis`.
+    pub fn coord(&self, axis: Axis) -> usize {
+        self.axis(axis).2
+    }
+
+    /// The communicator of the ranks that differ from this one only along `axis`, ordered by
+    /// their coordinate on it.
+    pub fn group(&self, axis: Axis) -> &Communicator {
+        &self.axis(axis).3
+    }
+
+    /// The data-parallel group.
+    pub fn dp(&self) -> &Communicator {
+        self.group(Axis::Dp)
+    }
+
+    /// The tensor-parallel group.
+    pub fn tp(&self) -> &Communicator {
+        self.group(Axis::Tp)
+    }
+}
+
+impl std::fmt::Display for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.axes.iter().map(|(a, n, ..)| format!("{} {n}", a.name())).collect();
+        write!(f, "{}", parts.join(" × "))
+    }
+}

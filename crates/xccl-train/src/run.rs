@@ -1,0 +1,269 @@
+//! The training run, one place for what every strategy shares: where it starts (fresh or
+//! from a checkpoint), each worker's gradient computation over its share of the global
+//! batch, checkpoints, and how it ends (evaluation, reports gathered to rank 0). A
+//! strategy ([`crate::ddp`], [`crate::ps`]) is a loop over steps that uses a [`Context`];
+//! [`crate::trainer::train`] composes the mesh, the model and a strategy.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::checkpoint::{self, Checkpoint};
+use crate::config::{CheckpointConfig, TrainConfig};
+use crate::data::{Batch, Task, shares};
+use crate::error::{Error, Result};
+use crate::mesh::Mesh;
+use crate::metrics::{RankReport, StepStat, Summary, gather_reports};
+use crate::model::{Graph, Model};
+use crate::optim::Optimizer;
+use crate::params::Chunks;
+use crate::trace::{self, Trace};
+
+/// What a rank sees of a run as it goes; the default methods ignore it.
+pub trait Observer {
+    /// Training starts (or resumes) at step `first`.
+    fn start(&mut self, _first: u64) {}
+    /// A step this rank worked on is done.
+    fn step(&mut self, _stat: &StepStat) {}
+    /// The global mean loss of `step` is known (rank 0 only), `seconds` into training.
+    fn loss(&mut self, _step: u64, _loss: f64, _seconds: f64) {}
+}
+
+/// An observer that ignores everything.
+impl Observer for () {}
+
+/// How a run ended, on one rank.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The final parameters, full (gathered over the tensor-parallel group) and flat in
+    /// [`ParamSet`](crate::params::ParamSet) order: identical on every rank, and laid out
+    /// as a single-process run's.
+    pub params: Vec<f32>,
+    /// This rank's steps.
+    pub steps: Vec<StepStat>,
+    /// Rank 0: the run's summary.
+    pub summary: Option<Summary>,
+    /// Rank 0 with tracing on: the Chrome trace of every rank.
+    pub trace: Option<Value>,
+}
+
+/// Where a run starts: this rank's parameters, optimiser state and loss history.
+pub(crate) struct Start {
+    pub step: u64,
+    pub params: Vec<f32>,
+    pub optimizer: Optimizer,
+    pub losses: Vec<(u64, f64)>,
+}
+
+/// What a strategy's loop hands back (this rank's parameters).
+pub(crate) struct Finish {
+    pub params: Vec<f32>,
+    pub steps: Vec<StepStat>,
+    pub losses: Vec<(u64, f64)>,
+    pub role: &'static str,
+}
+
+/// The pieces every strategy's loop uses.
+pub(crate) struct Context<'a> {
+    pub mesh: &'a Mesh,
+    pub config: &'a TrainConfig,
+    pub task: &'a dyn Task,
+    pub model: &'a Model,
+    pub fingerprint: String,
+    pub started: Instant,
+}
+
+impl Context<'_> {
+    /// Whether to checkpoint once `done` steps are done.
+    pub fn checkpoint_due(&self, done: u64) -> bool {
+        self.config
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| done == self.config.steps || (c.every > 0 && done.is_multiple_of(c.every)))
+    }
+
+    /// Writes a checkpoint of this rank's `params` and optimiser `state`: the
+    /// tensor-parallel group gathers the full tensors and its first rank writes them. Every
+    /// rank of the group calls it (in data parallelism, the group of data-parallel rank 0).
+    pub fn save(&self, step: u64, params: &[f32], state: &[Vec<f32>], losses: &[(u64, f64)]) -> Result<()> {
+        let Some(c) = &self.config.checkpoint else { return Ok(()) };
+        let (tp, set) = (self.model.tp(), self.model.params());
+        let params = tp.gather_full(set, params)?;
+        let state = state.iter().map(|s| tp.gather_full(set, s)).collect::<Result<Vec<_>>>()?;
+        if tp.rank() != 0 {
+            return Ok(());
+        }
+        let ck = Checkpoint {
+            step,
+            fingerprint: self.fingerprint.clone(),
+            params,
+            state,
+            losses: losses.to_vec(),
+        };
+        checkpoint::save(&c.path, set, &self.config.optim, &ck)
+    }
+
+    /// The global batch of `step` and this worker's share of it (worker `index` of `workers`).
+    pub fn share(&self, step: u64, index: usize, workers: usize) -> (Batch, f64) {
+        let global = self.task.batch(self.config.seed, step, self.config.batch);
+        let norm = global.counted() as f64;
+        (global.rows(shares(self.config.batch, workers)[index].clone()), norm)
+    }
+
+    /// Accumulates into `grads` the gradient of this worker's part of the global mean loss
+    /// over its `share`, cut into micro-batches; `last_block_done(k, grads)` is called when
+    /// the backward of the last non-empty micro-batch has finished block `k`. Returns this
+    /// worker's part of the loss.
+    pub fn gradients(
+        &self,
+        share: &Batch,
+        norm: f64,
+        grads: &mut Chunks,
+        trace: &mut Trace,
+        mut last_block_done: impl FnMut(usize, &mut Chunks),
+    ) -> Result<f64> {
+        let micro: Vec<_> =
+            shares(share.rows, self.config.accum).into_iter().filter(|r| !r.is_empty()).collect();
+        let mut loss_sum = 0.0;
+        for (i, rows) in micro.iter().enumerate() {
+            let last = i + 1 == micro.len();
+            let (ids, targets, mask) = share.rows(rows.clone()).tensors()?;
+            let fwd = self.model.forward(&ids, Graph::Blockwise, trace)?;
+            let loss =
+                trace.span(|| "loss".into(), || self.model.loss(fwd.logits(), &targets, &mask, norm))?;
+            loss_sum += f64::from(loss.to_scalar::<f32>()?);
+            self.model.backward(fwd, &loss, trace, |k, g| {
+                grads.add_grads(self.model.params(), &g)?;
+                if last {
+                    last_block_done(k, grads);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(loss_sum)
+    }
+}
+
+/// Where this rank starts. Fresh: its parameters as built (exact pieces of the unsharded
+/// model's), broadcast over the data-parallel group from its first rank anyway. Resuming:
+/// rank 0 loads the checkpoint (full tensors) and broadcasts step, parameters and optimiser
+/// state to everyone; each rank keeps its pieces, whatever the tensor-parallel size that
+/// wrote it.
+pub(crate) fn start(cx: &Context) -> Result<Start> {
+    let world = cx.mesh.world();
+    let optim = cx.config.optim;
+    let set = cx.model.params();
+    let resume = cx.config.checkpoint.as_ref().filter(|c| c.resume);
+    let (loaded, failure) = match (world.rank(), resume) {
+        (0, Some(c)) => match load(cx, c) {
+            Ok(ck) => (Some(ck), None),
+            Err(e) => (None, Some(e)),
+        },
+        _ => (None, None),
+    };
+    // Everyone learns whether rank 0 could start, so nobody waits for a broadcast that
+    // will never come.
+    let mut header = [u64::from(failure.is_none()), loaded.as_ref().map_or(0, |c| c.step)];
+    world.broadcast(&mut header, 0)?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if header[0] == 0 {
+        return Err(Error::Thread("rank 0 could not start the run (see its error)".into()));
+    }
+    let step = header[1];
+    if step == 0 && resume.is_none() {
+        let mut params = set.read()?;
+        cx.mesh.dp().broadcast(&mut params, 0)?;
+        let optimizer = Optimizer::new(optim, set.len());
+        return Ok(Start { step, params, optimizer, losses: Vec::new() });
+    }
+    let (mut params, mut state, losses) = match loaded {
+        Some(ck) => (ck.params, ck.state, ck.losses),
+        None => (
+            vec![0.0; set.full_len()],
+            vec![vec![0.0; set.full_len()]; optim.state_names().len()],
+            Vec::new(),
+        ),
+    };
+    world.broadcast(&mut params, 0)?;
+    for s in &mut state {
+        world.broadcast(s, 0)?;
+    }
+    let state = state.iter().map(|s| set.local_of_full(s)).collect::<Result<Vec<_>>>()?;
+    let optimizer = Optimizer::restore(optim, step, state)?;
+    Ok(Start { step, params: set.local_of_full(&params)?, optimizer, losses })
+}
+
+/// Reads the checkpoint to resume from and checks that it belongs to this run.
+pub(crate) fn load(cx: &Context, c: &CheckpointConfig) -> Result<Checkpoint> {
+    let ck = checkpoint::load(&c.path, cx.model.params(), &cx.config.optim)?;
+    if ck.fingerprint != cx.fingerprint {
+        return Err(Error::Checkpoint {
+            path: c.path.clone(),
+            msg: format!(
+                "it was written by a different configuration:\n  checkpoint: {}\n  this run:   {}\n\
+                 resume with the same settings, or start over without --resume",
+                ck.fingerprint, cx.fingerprint
+            ),
+        });
+    }
+    if ck.step > cx.config.steps {
+        return Err(Error::config(format!(
+            "the checkpoint is at step {}, beyond --steps {}: ask for more steps",
+            ck.step, cx.config.steps
+        )));
+    }
+    Ok(ck)
+}
+
+/// Ends the run on this rank: the final parameters (this rank's `finish.params`) gathered
+/// to full tensors, evaluation on the tensor-parallel group of rank 0, every rank's report
+/// gathered to rank 0, which builds the summary and the trace.
+pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> Result<Outcome> {
+    let (mesh, config, model) = (cx.mesh, cx.config, cx.model);
+    let world = mesh.world();
+    model.params().write(&finish.params)?;
+    let full = model.tp().gather_full(model.params(), &finish.params)?;
+    let evaluation = if config.evaluate && mesh.dp().rank() == 0 {
+        let e = trace.span(|| "evaluate".into(), || cx.task.evaluate(model))?;
+        (world.rank() == 0).then_some(e)
+    } else {
+        None
+    };
+    let mut comm = Vec::new();
+    for (label, c) in [("comm tp", mesh.tp()), ("comm dp", mesh.dp()), ("comm world", world)] {
+        let ops = c.take_timeline();
+        comm.push(crate::metrics::CommVolume::of(label, c.size(), &ops));
+        trace.add_ops(label, ops);
+    }
+    let report = RankReport {
+        rank: world.rank(),
+        role: finish.role.to_string(),
+        steps: finish.steps.clone(),
+        spans: trace.take(),
+        params_held: model.params().len(),
+        peak_rss_bytes: crate::metrics::peak_rss_bytes(),
+        comm,
+    };
+    let reports = gather_reports(world, &report)?;
+    let (summary, chrome) = match reports {
+        None => (None, None),
+        Some(reports) => {
+            let tokens = config.batch * cx.task.seq_len();
+            let mut s = Summary::new(
+                world.size(),
+                format!("{} on {}", config.strategy, mesh),
+                model.params().full_len(),
+                finish.losses,
+                tokens,
+                wall,
+                &reports,
+            );
+            s.evaluation = evaluation;
+            let spans: Vec<_> = reports.into_iter().map(|r| r.spans).collect();
+            (Some(s), config.trace.then(|| trace::chrome_json(&spans)))
+        }
+    };
+    Ok(Outcome { params: full, steps: finish.steps, summary, trace: chrome })
+}
