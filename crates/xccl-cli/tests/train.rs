@@ -98,6 +98,41 @@ fn parallel_processes_match_a_single_process() {
 }
 
 #[test]
+fn tensor_parallel_processes_match_a_single_process() {
+    let single = out_dir("tp-single");
+    ok(&train(&single, &["--dp", "1", "--steps", "50"]));
+    let reference = params(&single);
+    for (name, args) in [
+        ("tp", &["--dp", "2", "--tp", "2", "--steps", "50"][..]),
+        ("tp-sp", &["--dp", "1", "--tp", "2", "--sp", "--steps", "50"][..]),
+    ] {
+        let dir = out_dir(name);
+        let out = train(&dir, args);
+        ok(&out);
+        let d = rel_diff(&params(&dir), &reference);
+        assert!(d < 1e-5, "{name}: relative difference {d:e} from the single-process run");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // The summary says what each rank holds: about half the parameters.
+        assert!(stdout.contains("rank 1") && stdout.contains("% of the model"), "{stdout}");
+        let trace: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("trace.json")).expect("trace.json"))
+                .expect("json");
+        let events = trace["traceEvents"].as_array().expect("events");
+        // The track of rank 0's tensor-parallel communicator has operations on it.
+        let track = events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["pid"] == 0 && e["args"]["name"] == "comm tp")
+            .map(|e| e["tid"].clone())
+            .expect("a comm tp track");
+        let tp_ops =
+            events.iter().filter(|e| e["cat"] == "comm" && e["pid"] == 0 && e["tid"] == track).count();
+        assert!(tp_ops > 0, "{name}: no tensor-parallel communication in the trace");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    std::fs::remove_dir_all(single).unwrap();
+}
+
+#[test]
 fn a_resumed_run_ends_bit_identical() {
     let whole = out_dir("whole");
     ok(&train(&whole, &["--dp", "2", "--steps", "10", "--checkpoint-every", "4"]));
@@ -131,7 +166,12 @@ fn bad_flags_and_files_are_refused_with_a_reason() {
     let dir = out_dir("bad");
     let empty = dir.with_extension("empty.txt");
     std::fs::write(&empty, b"").unwrap();
-    let cases: [(&[&str], &str); 6] = [
+    let text = dir.with_extension("text.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
+    let cases: [(&[&str], &str); 9] = [
+        (&["--tp", "4"], "--heads 2 is not divisible by --tp 4"),
+        (&["--tp", "2", "--sp", "--data", text.to_str().unwrap(), "--context", "9"], "rows have 9 tokens"),
+        (&["--sp"], "use it with --tp 2 or more"),
         (&["--data", "/nonexistent/input.txt"], "cannot read"),
         (&["--data", empty.to_str().unwrap()], "empty"),
         (&["--strategy", "ddp", "--staleness", "3"], "--staleness applies to --strategy ps-async"),
@@ -146,5 +186,6 @@ fn bad_flags_and_files_are_refused_with_a_reason() {
         assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");
     }
     let _ = std::fs::remove_file(empty);
+    let _ = std::fs::remove_file(text);
     let _ = std::fs::remove_dir_all(dir);
 }
