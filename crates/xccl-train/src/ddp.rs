@@ -141,12 +141,18 @@ pub(crate) fn run(
         let w0 = Instant::now();
         let (loss, wait) = ddp.finish(&mut grads, local)?;
         trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
+        let sent = cx.step_comm(trace);
         trace.span(
             || "optimizer".into(),
             || optimizer.step(&mut params, &grads).and_then(|()| cx.model.params().write(&params)),
         )?;
-        let stat =
-            StepStat { step, seconds: t0.elapsed().as_secs_f64(), wait: wait.as_secs_f64(), version: None };
+        let stat = StepStat {
+            step,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait: wait.as_secs_f64(),
+            version: None,
+            sent,
+        };
         observer.step(&stat);
         steps.push(stat);
         if cx.mesh.world().rank() == 0 {

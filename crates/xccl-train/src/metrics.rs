@@ -20,6 +20,9 @@ pub struct StepStat {
     pub wait: f64,
     /// Parameter server: the parameter version the step computed on.
     pub version: Option<u64>,
+    /// Bytes this rank sent in the step through its tensor-parallel and data-parallel
+    /// communicators (see [`bus_bytes`]; recorded when tracing, else 0).
+    pub sent: [u64; 2],
 }
 
 impl StepStat {
@@ -44,52 +47,32 @@ pub struct RankReport {
     pub params_held: usize,
     /// Peak resident memory of its process, bytes (0 where unknown).
     pub peak_rss_bytes: u64,
-    /// What went through each of its communicators (recorded when tracing).
-    pub comm: Vec<CommVolume>,
 }
 
-/// The operations of one communicator of one rank and the bytes they carried.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct CommVolume {
-    /// `comm tp`, `comm dp`, `comm world`.
-    pub label: String,
-    /// Operations.
-    pub ops: u64,
-    /// Bytes of this rank's inputs (a collective's input buffer, a message).
-    pub bytes: u64,
-    /// Bytes this rank sends in a ring algorithm of the same operations (nccl-tests' bus
-    /// bandwidth convention): an all-reduce of `n` bytes on `p` ranks `2(p−1)/p·n`, an
-    /// all-gather `(p−1)·n` of its `n`-byte input, a reduce-scatter `(p−1)/p·n` of its
-    /// `n`-byte input, anything else `n`. By this measure Megatron's all-reduce and sequence
-    /// parallelism's all-gather + reduce-scatter of the same tensor are equal.
-    pub bus_bytes: u64,
-}
-
-impl CommVolume {
-    /// The volume of operations `ops` of a communicator of `size` ranks.
-    pub fn of(label: &str, size: usize, ops: &[xccl::OpSpan]) -> CommVolume {
-        let p = size as f64;
-        let bus: f64 = ops
-            .iter()
-            .map(|o| {
-                let n = o.bytes as f64;
-                let kind = o.name.split_whitespace().next().unwrap_or_default();
-                match kind {
-                    _ if size <= 1 => 0.0,
-                    "all_reduce" => 2.0 * (p - 1.0) / p * n,
-                    "all_gather" => (p - 1.0) * n,
-                    "reduce_scatter" => (p - 1.0) / p * n,
-                    _ => n,
-                }
-            })
-            .sum();
-        CommVolume {
-            label: label.to_string(),
-            ops: ops.len() as u64,
-            bytes: ops.iter().map(|o| o.bytes as u64).sum(),
-            bus_bytes: bus.round() as u64,
-        }
+/// Bytes a rank sends for operations `ops` of a communicator of `size` ranks, as a ring
+/// algorithm would (nccl-tests' bus-bandwidth convention, from each operation's input
+/// bytes `n`): an all-reduce `2(p−1)/p·n`, an all-gather `(p−1)·n`, a reduce-scatter
+/// `(p−1)/p·n`, anything else `n`; nothing on a group of one. By this measure Megatron's
+/// all-reduce of a tensor and sequence parallelism's all-gather + reduce-scatter of it are
+/// equal, as they are on the wire.
+pub fn bus_bytes(size: usize, ops: &[xccl::OpSpan]) -> u64 {
+    if size <= 1 {
+        return 0;
     }
+    let p = size as f64;
+    let bus: f64 = ops
+        .iter()
+        .map(|o| {
+            let n = o.bytes as f64;
+            match o.name.split_whitespace().next().unwrap_or_default() {
+                "all_reduce" => 2.0 * (p - 1.0) / p * n,
+                "all_gather" => (p - 1.0) * n,
+                "reduce_scatter" => (p - 1.0) / p * n,
+                _ => n,
+            }
+        })
+        .sum();
+    bus.round() as u64
 }
 
 /// The peak resident memory of this process (`VmHWM`), bytes; 0 where it cannot be read.
@@ -107,7 +90,7 @@ pub fn peak_rss_bytes() -> u64 {
 impl RankReport {
     fn to_json(&self) -> Value {
         let steps: Vec<Value> =
-            self.steps.iter().map(|s| json!([s.step, s.seconds, s.wait, s.version])).collect();
+            self.steps.iter().map(|s| json!([s.step, s.seconds, s.wait, s.version, s.sent])).collect();
         json!({
             "rank": self.rank,
             "role": self.role,
@@ -115,7 +98,6 @@ impl RankReport {
             "spans": trace::to_json(&self.spans),
             "params_held": self.params_held,
             "peak_rss_bytes": self.peak_rss_bytes,
-            "comm": self.comm,
         })
     }
 
@@ -129,6 +111,7 @@ impl RankReport {
                     seconds: s.get(1)?.as_f64()?,
                     wait: s.get(2)?.as_f64()?,
                     version: s.get(3)?.as_u64(),
+                    sent: serde_json::from_value(s.get(4)?.clone()).ok()?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -139,7 +122,6 @@ impl RankReport {
             spans: trace::from_json(&v["spans"]),
             params_held: usize::try_from(v["params_held"].as_u64()?).ok()?,
             peak_rss_bytes: v["peak_rss_bytes"].as_u64()?,
-            comm: serde_json::from_value(v["comm"].clone()).ok()?,
         })
     }
 }
@@ -212,8 +194,8 @@ pub struct RankFacts {
     pub params_held: usize,
     /// Peak resident memory of its process, bytes.
     pub peak_rss_bytes: u64,
-    /// Per communicator, per step: `(label, bytes, bus bytes)`.
-    pub comm_per_step: Vec<(String, f64, f64)>,
+    /// Mean bytes sent per step through the tensor-parallel and data-parallel groups.
+    pub sent_per_step: [f64; 2],
 }
 
 impl Summary {
@@ -252,16 +234,12 @@ impl Summary {
             .iter()
             .map(|r| {
                 let steps = r.steps.len().max(1) as f64;
+                let mean = |i: usize| r.steps.iter().map(|s| s.sent[i] as f64).sum::<f64>() / steps;
                 RankFacts {
                     rank: r.rank,
                     params_held: r.params_held,
                     peak_rss_bytes: r.peak_rss_bytes,
-                    comm_per_step: r
-                        .comm
-                        .iter()
-                        .filter(|c| c.ops > 0)
-                        .map(|c| (c.label.clone(), c.bytes as f64 / steps, c.bus_bytes as f64 / steps))
-                        .collect(),
+                    sent_per_step: [mean(0), mean(1)],
                 }
             })
             .collect();
@@ -318,8 +296,7 @@ impl Summary {
                 "rank": r.rank,
                 "params_held": r.params_held,
                 "peak_rss_bytes": r.peak_rss_bytes,
-                "comm_bytes": r.comm_per_step.iter().map(|(l, b, _)| (l.trim_start_matches("comm ").to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
-                "comm_bus_bytes": r.comm_per_step.iter().map(|(l, _, b)| (l.trim_start_matches("comm ").to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+                "comm_bytes": {"tp": r.sent_per_step[0], "dp": r.sent_per_step[1]},
             })).collect::<Vec<_>>(),
             "text": self.render(),
         })
@@ -361,10 +338,12 @@ impl Summary {
             s += &format!("staleness           {} (of {total} worker steps)\n", hist.join(", "));
         }
         for r in &self.per_rank {
-            let comm: Vec<String> = r
-                .comm_per_step
+            // What each group sent per step (ring-equivalent bytes; none on a group of one).
+            let comm: Vec<String> = ["tp", "dp"]
                 .iter()
-                .map(|(l, b, _)| format!("{} {:.1} KiB", l.trim_start_matches("comm "), b / 1024.0))
+                .zip(r.sent_per_step)
+                .filter(|(_, b)| *b > 0.0)
+                .map(|(l, b)| format!("{l} {:.1} KiB", b / 1024.0))
                 .collect();
             s += &format!(
                 "rank {:<3}            {} parameters ({:.1}% of the model), peak memory {:.1} MiB{}{}\n",
@@ -372,7 +351,7 @@ impl Summary {
                 r.params_held,
                 100.0 * r.params_held as f64 / self.params.max(1) as f64,
                 r.peak_rss_bytes as f64 / f64::from(1u32 << 20),
-                if comm.is_empty() { "" } else { ", per step " },
+                if comm.is_empty() { "" } else { ", sends per step " },
                 comm.join(", ")
             );
         }
@@ -386,7 +365,7 @@ mod tests {
 
     #[test]
     fn summary_averages_after_the_first_step_and_counts_staleness() {
-        let stat = |step, seconds, wait, version| StepStat { step, seconds, wait, version };
+        let stat = |step, seconds, wait, version| StepStat { step, seconds, wait, version, sent: [0, 3] };
         let reports = vec![
             RankReport {
                 rank: 0,
@@ -399,7 +378,6 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 1 << 20,
-                comm: vec![CommVolume { label: "comm dp".into(), ops: 3, bytes: 300, bus_bytes: 300 }],
             },
             RankReport {
                 rank: 1,
@@ -408,7 +386,6 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 0,
-                comm: Vec::new(),
             },
         ];
         let s = Summary::new(2, "ps".into(), 10, vec![(0, 2.0), (1, 1.5)], 100, 5.0, &reports);

@@ -522,6 +522,8 @@ fn work(
             seconds: t0.elapsed().as_secs_f64(),
             wait: waited.as_secs_f64(),
             version: Some(version),
+            // The servers' groups are their own, traced with them.
+            sent: [0, 0],
         };
         observer.step(&stat);
         stats.push(stat);

@@ -13,7 +13,7 @@ use crate::config::{CheckpointConfig, TrainConfig};
 use crate::data::{Batch, Task, shares};
 use crate::error::{Error, Result};
 use crate::mesh::Mesh;
-use crate::metrics::{RankReport, StepStat, Summary, gather_reports};
+use crate::metrics::{RankReport, StepStat, Summary, bus_bytes, gather_reports};
 use crate::model::{Graph, Model};
 use crate::optim::Optimizer;
 use crate::params::Chunks;
@@ -74,6 +74,20 @@ pub(crate) struct Context<'a> {
 }
 
 impl Context<'_> {
+    /// The operations this rank's tensor-parallel and data-parallel groups ran since the
+    /// last call, moved into `trace`: returns the bytes each sent ([`bus_bytes`]). A
+    /// strategy calls it at the end of each step's communication, before checkpointing.
+    pub fn step_comm(&self, trace: &mut Trace) -> [u64; 2] {
+        let mut sent = [0; 2];
+        for (s, (label, c)) in sent.iter_mut().zip([("comm tp", self.mesh.tp()), ("comm dp", self.mesh.dp())])
+        {
+            let ops = c.take_timeline();
+            *s = bus_bytes(c.size(), &ops);
+            trace.add_ops(label, ops);
+        }
+        sent
+    }
+
     /// Whether to checkpoint once `done` steps are done.
     pub fn checkpoint_due(&self, done: u64) -> bool {
         self.config
@@ -231,11 +245,8 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
     } else {
         None
     };
-    let mut comm = Vec::new();
     for (label, c) in [("comm tp", mesh.tp()), ("comm dp", mesh.dp()), ("comm world", world)] {
-        let ops = c.take_timeline();
-        comm.push(crate::metrics::CommVolume::of(label, c.size(), &ops));
-        trace.add_ops(label, ops);
+        trace.add_ops(label, c.take_timeline());
     }
     let report = RankReport {
         rank: world.rank(),
@@ -244,7 +255,6 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
         spans: trace.take(),
         params_held: model.params().len(),
         peak_rss_bytes: crate::metrics::peak_rss_bytes(),
-        comm,
     };
     let reports = gather_reports(world, &report)?;
     let (summary, chrome) = match reports {

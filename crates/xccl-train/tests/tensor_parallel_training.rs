@@ -175,3 +175,44 @@ fn impossible_shapes_fail_on_every_rank_before_communicating() {
         assert!(e.contains("--sp"), "{e}");
     }
 }
+
+/// Bytes a rank of a tensor-parallel group of `p` sends per step, from Megatron's analysis:
+/// per layer two all-reduces forward and two backward of the `rows × len × width`
+/// activations (with sequence parallelism, the same as all-gathers and reduce-scatters),
+/// plus one each for the vocabulary-parallel embedding (forward) and head (backward), three
+/// numbers per token for the cross-entropy, and with sequence parallelism the all-reduce of
+/// the replicated parameters' partial gradients once per micro-batch.
+fn analytic_tp_bytes(config: &TrainConfig, rows: usize, micro: usize, len: usize) -> f64 {
+    let (p, h, l) = (config.tp as f64, config.model.width as f64, config.model.layers as f64);
+    let (all_reduce, gather) = (2.0 * (p - 1.0) / p, (p - 1.0) / p);
+    let n = (rows * len) as f64 * h;
+    let loss = all_reduce * 3.0 * (rows * len) as f64;
+    let elements = if config.sp {
+        let replicated = config.model.context as f64 * h + 6.0 * h * l + 2.0 * h;
+        gather * (8.0 * l + 4.0) * n + loss + all_reduce * micro as f64 * replicated
+    } else {
+        all_reduce * (4.0 * l + 2.0) * n + loss
+    };
+    4.0 * elements
+}
+
+#[test]
+fn measured_communication_equals_the_analytic_volume() {
+    for sp in [false, true] {
+        let mut config = with_tp(tiny(OptimConfig::adamw(1e-3), ddp(), 6, 2, 3), 2, sp);
+        config.trace = true;
+        let outcomes = run(2, &config);
+        let expect = analytic_tp_bytes(&config, 6, 2, 8);
+        for o in &outcomes {
+            for s in &o.steps {
+                let sent = s.sent[0] as f64;
+                assert!(
+                    (sent - expect).abs() <= 1.0,
+                    "sp {sp}, step {}: sent {sent}, analytic {expect}",
+                    s.step
+                );
+                assert_eq!(s.sent[1], 0, "a data-parallel group of one sends nothing");
+            }
+        }
+    }
+}
