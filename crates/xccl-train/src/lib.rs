@@ -1,6 +1,7 @@
-//! # xccl-train — data-parallel training on candle tensors over xccl
+//! # xccl-train — parallel training on candle tensors over xccl
 //!
-//! Turns a single-process training program into an equivalent data-parallel one. Tensors,
+//! Turns a single-process training program into an equivalent parallel one: data
+//! parallelism and tensor (Megatron) and sequence parallelism on a device mesh. Tensors,
 //! autograd and layers come from [candle](https://github.com/huggingface/candle) (CPU); the
 //! communication is [`xccl`]'s collectives. This crate knows nothing about sockets, and
 //! `xccl` knows nothing about neural networks.
@@ -15,7 +16,11 @@
 //!   started as soon as its blocks' backward is done, overlapping the rest of backward.
 //! - [`ps`]: a parameter server with sharded servers, synchronous or with a bounded
 //!   staleness (stale synchronous parallel).
-//! - [`trainer::train`] runs either on any communicator: every rank builds the same global
+//! - [`mesh`]: the world as a `dp × tp` grid with a communicator per axis; [`tp`]: Megatron's
+//!   column- and row-parallel layers, heads split over the group, vocabulary-parallel
+//!   embedding and cross-entropy, sequence parallelism, the communication as autograd ops.
+//! - [`trainer::train`] composes them on any communicator ([`run`] holds what every
+//!   strategy shares): every rank builds the same global
 //!   batch from the seed ([`data`]), takes its share, and divides its loss by the global
 //!   number of target tokens, so any number of ranks, any uneven shares and any gradient
 //!   accumulation give the gradient of the global mean loss: parallel training is
