@@ -47,19 +47,26 @@ impl Shard {
         shape
     }
 
+    /// The indices of a group of `len` this rank holds, padding included (they may run past
+    /// `len`): piece `index` of `⌈len / parts⌉`; everything when not split.
+    pub fn piece(&self, len: usize) -> Range<usize> {
+        match *self {
+            Shard::Replicated => 0..len,
+            Shard::Split { parts, index, .. } => {
+                let piece = len.div_ceil(parts);
+                index * piece..(index + 1) * piece
+            }
+        }
+    }
+
     /// For each element along the divided dimension of the local tensor, the index it has
     /// in the full tensor, or `None` for padding; `None` when not split.
     fn local_to_full(&self, full: &[usize]) -> Option<Vec<Option<usize>>> {
-        let Shard::Split { dim, groups, parts, index } = *self else { return None };
+        let Shard::Split { dim, groups, .. } = *self else { return None };
         let per_group = full[dim] / groups;
-        let piece = per_group.div_ceil(parts);
+        let piece = self.piece(per_group);
         let map = (0..groups)
-            .flat_map(|g| {
-                (0..piece).map(move |i| {
-                    let at = index * piece + i;
-                    (at < per_group).then_some(g * per_group + at)
-                })
-            })
+            .flat_map(|g| piece.clone().map(move |at| (at < per_group).then_some(g * per_group + at)))
             .collect();
         Some(map)
     }

@@ -224,8 +224,8 @@ impl Model {
     /// `[rows, len]` is 1, summed and divided by `norm` (see [`loss`]): the fused,
     /// vocabulary-parallel cross-entropy ([`tp::cross_entropy`]).
     pub fn loss(&self, logits: &Tensor, targets: &Tensor, mask: &Tensor, norm: f64) -> Result<Tensor> {
-        let start = self.tp.rank() * self.config.vocab.div_ceil(self.tp.size());
-        Ok(tp::cross_entropy(&self.tp, logits, (start, self.config.vocab), targets, mask, norm)?)
+        let range = (self.tp.vocab_start(self.config.vocab), self.config.vocab);
+        Ok(tp::cross_entropy(&self.tp, logits, range, targets, mask, norm)?)
     }
 
     /// With sequence parallelism, the gradients of parameters every rank of the group holds

@@ -187,11 +187,3 @@ pub fn scatter_seq(tp: &Tp, x: &Tensor) -> candle_core::Result<Tensor> {
 pub fn gather_last(tp: &Tp, x: &Tensor) -> candle_core::Result<Tensor> {
     apply(tp, x, Collective::GatherLast, Collective::SliceLast)
 }
-
-/// This rank's positions of a `[b, len, ..]` tensor under sequence parallelism (no
-/// communication): the input to the sequence-parallel region where it is replicated.
-pub fn local_seq(tp: &Tp, x: &Tensor) -> candle_core::Result<Tensor> {
-    let t = x.dim(1)?;
-    let n = tp.size();
-    x.narrow(1, tp.rank() * t / n, t / n)
-}

@@ -143,7 +143,7 @@ impl VocabParallelEmbedding {
         tp: &Tp,
     ) -> Result<VocabParallelEmbedding> {
         let table = init.normal_sharded(name.to_string(), &[vocab, width], std, tp.split(0, 1))?;
-        let start = tp.rank() * vocab.div_ceil(tp.size());
+        let start = tp.vocab_start(vocab);
         params.push(table.clone());
         Ok(VocabParallelEmbedding { table, start, tp: tp.clone() })
     }
@@ -151,11 +151,6 @@ impl VocabParallelEmbedding {
     /// The table's parameter (this rank's rows), for a tied output head.
     pub fn table(&self) -> &Param {
         &self.table
-    }
-
-    /// The first vocabulary entry this rank holds.
-    pub fn start(&self) -> usize {
-        self.start
     }
 
     /// Embeddings of `ids` (`[rows, len]`, u32): `[rows, len, width]` on every rank, or with

@@ -69,6 +69,12 @@ impl Tp {
         self.comm.as_ref()
     }
 
+    /// The first vocabulary entry this rank holds of a vocabulary of `vocab` entries (padded
+    /// to a multiple of the group; each rank holds `⌈vocab / tp⌉` consecutive entries).
+    pub fn vocab_start(&self, vocab: usize) -> usize {
+        self.split(0, 1).piece(vocab).start
+    }
+
     /// The division of a dimension made of `groups` consecutive groups over this group.
     pub fn split(&self, dim: usize, groups: usize) -> Shard {
         match self.size() {
