@@ -11,6 +11,7 @@ pub mod block;
 pub mod gpt;
 pub mod mlp;
 pub mod ops;
+pub mod softmax;
 
 use candle_core::{D, Tensor, Var};
 
