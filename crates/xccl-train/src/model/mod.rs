@@ -8,6 +8,7 @@
 //! block by block, last block first, as in PyTorch's autograd with DDP hooks.
 
 pub mod block;
+pub mod flops;
 pub mod gpt;
 pub mod mlp;
 pub mod ops;
