@@ -450,12 +450,16 @@ fn worker(args: &TrainArgs) -> Result<(), String> {
     let (task, config) = args.config()?;
     let world = Communicator::from_env().map_err(|e| e.to_string())?;
     let mut observer = Reporter { rank: world.rank(), tokens_per_step: config.batch * task.seq_len() };
-    let outcome = train(&world, &config, &mut observer).map_err(|e| format!("rank {}: {e}", world.rank()))?;
+    let mut outcome =
+        train(&world, &config, &mut observer).map_err(|e| format!("rank {}: {e}", world.rank()))?;
     if let Some(trace) = &outcome.trace {
         let path = args.out.join("trace.json");
         checkpoint::write_atomically(&path, trace.to_string().as_bytes()).map_err(|e| e.to_string())?;
     }
-    if let Some(summary) = &outcome.summary {
+    if let Some(summary) = &mut outcome.summary {
+        // Model FLOP utilisation against this rank's matrix product on its threads, measured
+        // now that the other ranks are done.
+        summary.matmul_rate = xccl_train::model::flops::matmul_rate(1024, 10).ok();
         let mut event = summary.to_json();
         event["event"] = json!("summary");
         observer.emit(&event);

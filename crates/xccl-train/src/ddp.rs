@@ -133,6 +133,7 @@ pub(crate) fn run(
     let (mut ddp, mut grads) = Ddp::new(dp.clone(), cx.model.params(), config)?;
     let Start { step: first, mut params, mut optimizer, mut losses } = start;
     let mut steps = Vec::new();
+    let mut peak_rss = 0;
     for step in first..cx.config.steps {
         let t0 = Instant::now();
         let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
@@ -155,6 +156,9 @@ pub(crate) fn run(
         };
         observer.step(&stat);
         steps.push(stat);
+        if step + 1 == cx.config.steps {
+            peak_rss = crate::metrics::peak_rss_bytes();
+        }
         if cx.mesh.world().rank() == 0 {
             losses.push((step, loss));
             observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
@@ -164,7 +168,7 @@ pub(crate) fn run(
             trace.span(|| "checkpoint".into(), || cx.save(step + 1, &params, optimizer.state(), &losses))?;
         }
     }
-    Ok(Finish { params, steps, losses, role: "worker" })
+    Ok(Finish { params, steps, losses, role: "worker", peak_rss })
 }
 
 #[cfg(test)]

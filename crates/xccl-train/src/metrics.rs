@@ -45,7 +45,8 @@ pub struct RankReport {
     pub spans: Vec<Span>,
     /// Parameter elements it holds (its tensor-parallel pieces).
     pub params_held: usize,
-    /// Peak resident memory of its process, bytes (0 where unknown).
+    /// Peak resident memory of its process during its steps (before the final
+    /// checkpoint), bytes; 0 where unknown.
     pub peak_rss_bytes: u64,
 }
 
@@ -183,6 +184,11 @@ pub struct Summary {
     pub staleness: Vec<(u64, usize)>,
     /// Per rank: parameters held, peak memory and communication volume.
     pub per_rank: Vec<RankFacts>,
+    /// Useful FLOPs of one step ([`train_flops_per_step`](crate::model::flops::train_flops_per_step)).
+    pub flops_per_step: f64,
+    /// The f32 matrix-product rate of one rank on its threads, FLOP/s, if measured
+    /// ([`matmul_rate`](crate::model::flops::matmul_rate)).
+    pub matmul_rate: Option<f64>,
 }
 
 /// What one rank held and moved.
@@ -257,7 +263,17 @@ impl Summary {
             wall_seconds,
             staleness,
             per_rank,
+            flops_per_step: 0.0,
+            matmul_rate: None,
         }
+    }
+
+    /// Model FLOP utilisation: the step's useful FLOPs per second against what every rank's
+    /// matrix product could do in that time (`None` until the rate is measured).
+    pub fn mfu(&self) -> Option<f64> {
+        let rate = self.matmul_rate?;
+        (self.step_seconds > 0.0 && rate > 0.0)
+            .then(|| self.flops_per_step / self.step_seconds / (rate * self.ranks as f64))
     }
 
     /// The last step's loss.
@@ -292,6 +308,9 @@ impl Summary {
             "exposed_share": self.exposed_share(),
             "wall_seconds": self.wall_seconds,
             "staleness": self.staleness,
+            "flops_per_step": self.flops_per_step,
+            "matmul_flops_per_rank": self.matmul_rate,
+            "mfu": self.mfu(),
             "per_rank": self.per_rank.iter().map(|r| json!({
                 "rank": r.rank,
                 "params_held": r.params_held,
@@ -323,6 +342,16 @@ impl Summary {
             self.tokens_per_step
         );
         s += &format!("step time           {:.2} ms\n", 1e3 * self.step_seconds);
+        if let (Some(mfu), Some(rate)) = (self.mfu(), self.matmul_rate) {
+            s += &format!(
+                "model FLOPs         {:.2} GFLOP per step, {:.1} GFLOP/s: {:.1}% of {} rank(s) x {:.1} GFLOP/s (f32 matrix product)\n",
+                self.flops_per_step / 1e9,
+                self.flops_per_step / self.step_seconds / 1e9,
+                100.0 * mfu,
+                self.ranks,
+                rate / 1e9
+            );
+        }
         s += &format!(
             "exposed comm.       {:.3} ms per step, {:.1}% of step time\n",
             1e3 * self.exposed_seconds,

@@ -612,5 +612,11 @@ pub(crate) fn run(
         (true, false) => "worker",
         _ => "server",
     };
-    Ok(Finish { params: final_params, steps: stats, losses, role })
+    Ok(Finish {
+        params: final_params,
+        steps: stats,
+        losses,
+        role,
+        peak_rss: crate::metrics::peak_rss_bytes(),
+    })
 }

@@ -57,6 +57,8 @@ pub(crate) struct Start {
 
 /// What a strategy's loop hands back (this rank's parameters).
 pub(crate) struct Finish {
+    /// Peak resident memory after the last step, before its checkpoint.
+    pub peak_rss: u64,
     pub params: Vec<f32>,
     pub steps: Vec<StepStat>,
     pub losses: Vec<(u64, f64)>,
@@ -102,11 +104,11 @@ impl Context<'_> {
     pub fn save(&self, step: u64, params: &[f32], state: &[Vec<f32>], losses: &[(u64, f64)]) -> Result<()> {
         let Some(c) = &self.config.checkpoint else { return Ok(()) };
         let (tp, set) = (self.model.tp(), self.model.params());
-        let params = tp.gather_full(set, params)?;
-        let state = state.iter().map(|s| tp.gather_full(set, s)).collect::<Result<Vec<_>>>()?;
-        if tp.rank() != 0 {
+        let params = tp.gather_full_to_first(set, params)?;
+        let state = state.iter().map(|s| tp.gather_full_to_first(set, s)).collect::<Result<Vec<_>>>()?;
+        let (Some(params), Some(state)) = (params, state.into_iter().collect::<Option<Vec<_>>>()) else {
             return Ok(());
-        }
+        };
         let ck = Checkpoint {
             step,
             fingerprint: self.fingerprint.clone(),
@@ -254,7 +256,7 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
         steps: finish.steps.clone(),
         spans: trace.take(),
         params_held: model.params().len(),
-        peak_rss_bytes: crate::metrics::peak_rss_bytes(),
+        peak_rss_bytes: finish.peak_rss,
     };
     let reports = gather_reports(world, &report)?;
     let (summary, chrome) = match reports {
@@ -271,6 +273,8 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
                 &reports,
             );
             s.evaluation = evaluation;
+            s.flops_per_step =
+                crate::model::flops::train_flops_per_step(&config.model, config.batch, cx.task.seq_len());
             let spans: Vec<_> = reports.into_iter().map(|r| r.spans).collect();
             (Some(s), config.trace.then(|| trace::chrome_json(&spans)))
         }

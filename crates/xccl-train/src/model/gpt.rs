@@ -9,11 +9,12 @@
 //! row-parallel: one all-reduce forward and one backward per attention and per MLP. With
 //! sequence parallelism the norms and residuals work on `len / tp` positions per rank.
 
-use candle_core::{D, Module, Tensor};
+use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
 use super::block::{Block, Init, LayerNorm, expect_ids};
 use super::ops::gelu;
+use super::softmax::causal_softmax;
 use crate::error::{Error, Result};
 use crate::params::Param;
 use crate::tp::{ColumnParallelLinear, RowParallelLinear, Tp, VocabParallelEmbedding};
@@ -94,8 +95,6 @@ struct Layer {
     out: RowParallelLinear,
     /// Heads on this rank.
     heads: usize,
-    /// `[context, context]`: 0 on and below the diagonal, a large negative number above.
-    causal: Tensor,
     params: Vec<Param>,
 }
 
@@ -113,11 +112,8 @@ impl Layer {
         let ln2 = init.layer_norm(p, &format!("{name}.ln2"), d)?;
         let fc = ColumnParallelLinear::new(init, p, &format!("{name}.mlp.fc"), (d, 4 * d), STD, true, 1, tp)?;
         let out = RowParallelLinear::new(init, p, &format!("{name}.mlp.out"), (4 * d, d), residual_std, tp)?;
-        let n = cfg.context;
-        let mask: Vec<f32> = (0..n * n).map(|i| if i % n > i / n { -1e9 } else { 0.0 }).collect();
-        let causal = Tensor::from_vec(mask, (n, n), &candle_core::Device::Cpu)?;
         let heads = cfg.heads / tp.size();
-        Ok(Layer { name, ln1, qkv, proj, ln2, fc, out, heads, causal, params })
+        Ok(Layer { name, ln1, qkv, proj, ln2, fc, out, heads, params })
     }
 
     fn attention(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -130,10 +126,8 @@ impl Layer {
         let q = qkv.get(0)?.contiguous()?;
         let k = qkv.get(1)?.contiguous()?;
         let v = qkv.get(2)?.contiguous()?;
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (dh as f64).sqrt()))?;
-        let mask = self.causal.narrow(0, 0, t)?.narrow(1, 0, t)?;
-        // The differentiable softmax: candle's fused softmax_last_dim has no backward.
-        let att = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
+        // Scale, causal mask and softmax in one pass (candle's fused softmax has no backward).
+        let att = causal_softmax(&q.matmul(&k.t()?)?, 1.0 / (dh as f64).sqrt())?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
         self.proj.forward(&y)
     }

@@ -94,6 +94,20 @@ impl Tp {
         set.full_of_locals(&locals)
     }
 
+    /// [`gather_full`](Self::gather_full) onto the group's first rank only (a gather, so
+    /// the others never hold the full tensors): `Some` there, `None` elsewhere.
+    pub fn gather_full_to_first(&self, set: &ParamSet, local: &[f32]) -> Result<Option<Vec<f32>>> {
+        let Some(comm) = &self.comm else { return set.full_of_locals(&[local]).map(Some) };
+        let n = local.len();
+        let mut all = if comm.rank() == 0 { vec![0.0f32; n * comm.size()] } else { Vec::new() };
+        comm.gather(local, &mut all, 0)?;
+        if comm.rank() != 0 {
+            return Ok(None);
+        }
+        let locals: Vec<&[f32]> = (0..comm.size()).map(|r| &all[r * n..(r + 1) * n]).collect();
+        set.full_of_locals(&locals).map(Some)
+    }
+
     /// Sums `values` over the group in place (nothing for a group of one).
     pub fn all_reduce(&self, values: &mut [f32]) -> Result<()> {
         match &self.comm {
