@@ -64,6 +64,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from train_vs_torch import Gpt, sums  # the same model and data (bench/train_vs_torch.py)
+
 
 class Layer(nn.Module):
     """A decoder layer running `heads` attention heads (the local ones under TP)."""
@@ -96,44 +98,6 @@ class Layer(nn.Module):
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * dh)
         x = x + self.proj(y)
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class Gpt(nn.Module):
-    def __init__(self, vocab, context, d, layers, heads, local_heads, qkv):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.randn(context, d) * 0.02)
-        self.layers = nn.ModuleList(Layer(d, heads, local_heads, qkv) for _ in range(layers))
-        self.norm = nn.LayerNorm(d, eps=1e-5)
-        self.head = nn.Linear(d, vocab, bias=False)
-        mask = torch.full((context, context), -1e9).triu(1)
-        self.register_buffer("mask", mask)
-
-    def forward(self, ids):
-        x = self.tok(ids) + self.pos[: ids.shape[1]]
-        for layer in self.layers:
-            x = layer(x, self.mask)
-        return self.head(self.norm(x))
-
-
-def sums(digits, rows, gen):
-    """Rows of `a+b=reversed(a+b)` as (inputs, targets, mask), tokens 0-9, + = 10, = = 11."""
-    hi = 10**digits
-    a = torch.randint(0, hi, (rows,), generator=gen)
-    b = torch.randint(0, hi, (rows,), generator=gen)
-    c = a + b
-
-    def digits_of(x, n, reverse=False):
-        ds = [(x // 10**i) % 10 for i in range(n)]  # least significant first
-        return torch.stack(ds if reverse else ds[::-1], 1)
-
-    plus = torch.full((rows, 1), 10)
-    eq = torch.full((rows, 1), 11)
-    seq = torch.cat([digits_of(a, digits), plus, digits_of(b, digits), eq, digits_of(c, digits + 1, True)], 1)
-    ids, targets = seq[:, :-1], seq[:, 1:]
-    mask = torch.zeros_like(targets, dtype=torch.float32)
-    mask[:, 2 * digits + 1 :] = 1.0
-    return ids, targets, mask
 
 
 def tensor_parallel(model, tp):
@@ -171,7 +135,10 @@ def rank_main(rank, args, port):
         dist.init_process_group("gloo", rank=rank, world_size=tp)
     torch.manual_seed(args.seed)  # the same full parameters on every rank before sharding
     context = 3 * args.digits + 2
-    model = Gpt(12, context, args.width, args.layers, args.heads, args.heads // tp, args.qkv)
+    model = Gpt(
+        12, context, args.width, args.layers, args.heads,
+        make_layer=lambda: Layer(args.width, args.heads, args.heads // tp, args.qkv),
+    )
     params_full = sum(p.numel() for p in model.parameters())
     if tp > 1:
         tensor_parallel(model, tp)

@@ -58,11 +58,14 @@ class Layer(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab, context, d, layers, heads):
+    """The GPT; `make_layer()` builds each decoder layer (default: `Layer(d, heads)`)."""
+
+    def __init__(self, vocab, context, d, layers, heads, make_layer=None):
         super().__init__()
+        make_layer = make_layer or (lambda: Layer(d, heads))
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(context, d) * 0.02)
-        self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))
+        self.layers = nn.ModuleList(make_layer() for _ in range(layers))
         self.norm = nn.LayerNorm(d, eps=1e-5)
         self.head = nn.Linear(d, vocab, bias=False)
         mask = torch.full((context, context), -1e9).triu(1)
