@@ -34,8 +34,8 @@ pub fn bias_add(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
     x.contiguous()?.apply_op2(bias, BiasAdd)
 }
 
-/// The contiguous f32 values of a storage.
-fn values<'a>(name: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+/// The contiguous f32 values of a storage (every fused kernel's input check).
+pub(crate) fn values<'a>(name: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
     match (s, l.contiguous_offsets()) {
         (CpuStorage::F32(v), Some((start, end))) => Ok(&v[start..end]),
         _ => candle_core::bail!("{name} takes contiguous f32 tensors on the CPU"),

@@ -8,6 +8,8 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
+use super::ops::values;
+
 /// `softmax(scale · scores)` over the last dimension of `scores` `[.., t, t]`, with the
 /// causal mask: row `i` keeps columns `0..=i`, and the masked columns are exactly 0.
 ///
@@ -16,14 +18,6 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 /// `dx = scale · y · (g − Σ g·y)` (per row), and 0 above the diagonal.
 pub fn causal_softmax(scores: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
     scores.contiguous()?.apply_op1(CausalSoftmax { scale: scale as f32 })
-}
-
-/// The contiguous f32 values of a storage.
-fn values<'a>(name: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((start, end))) => Ok(&v[start..end]),
-        _ => candle_core::bail!("{name} takes contiguous f32 tensors on the CPU"),
-    }
 }
 
 /// The side `t` of the square `[.., t, t]` matrices of `l`.

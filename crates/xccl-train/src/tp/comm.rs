@@ -17,6 +17,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use xccl::{Communicator, ReduceOp};
 
 use super::Tp;
+use crate::model::ops::values;
 
 /// What one direction of a [`TpOp`] does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,10 +138,7 @@ impl CustomOp1 for TpOp {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = match (s, l.contiguous_offsets()) {
-            (CpuStorage::F32(v), Some((start, end))) => &v[start..end],
-            _ => candle_core::bail!("{} takes contiguous f32 tensors on the CPU", self.name()),
-        };
+        let x = values(self.name(), s, l)?;
         let (y, shape) = self.run(self.fwd, x, l.shape())?;
         Ok((CpuStorage::F32(y), shape))
     }

@@ -17,6 +17,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use xccl::ReduceOp;
 
 use super::Tp;
+use crate::model::ops::values;
 
 /// `Σ mask · (−log softmax(logits)[target]) / norm` over the rows of `logits`
 /// (`[rows, len, n]`, this rank's vocabulary entries `start .. start + n`, entries
@@ -74,20 +75,13 @@ impl CrossEntropy {
     }
 }
 
-fn logits_of<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => candle_core::bail!("cross-entropy takes contiguous f32 logits on the CPU"),
-    }
-}
-
 impl CustomOp1 for CrossEntropy {
     fn name(&self) -> &'static str {
         "vocab-parallel-cross-entropy"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = logits_of(s, l)?;
+        let x = values(self.name(), s, l)?;
         let rows = self.targets.len();
         let n = x.len() / rows.max(1);
         let real = |row: usize| &x[row * n..row * n + self.real];
