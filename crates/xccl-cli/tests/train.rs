@@ -42,6 +42,13 @@ fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
     tensors.into_iter().filter(|(k, _)| k.starts_with("param.")).map(|(k, (_, v))| (k, v)).collect()
 }
 
+/// The events of the Chrome trace a run left.
+fn trace_events(out: &Path) -> Vec<serde_json::Value> {
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("trace.json")).expect("trace.json")).expect("json");
+    trace["traceEvents"].as_array().expect("events").clone()
+}
+
 fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let (mut d, mut n) = (0.0, 0.0);
@@ -85,10 +92,7 @@ fn parallel_processes_match_a_single_process() {
         assert!(d < 1e-5, "{name}: relative difference {d:e} from the single-process run");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("accuracy") && stdout.contains("exposed comm."), "{stdout}");
-        let trace: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("trace.json")).expect("trace.json"))
-                .expect("json");
-        let events = trace["traceEvents"].as_array().expect("events");
+        let events = trace_events(&dir);
         assert!(events.iter().any(|e| e["cat"] == "comm"), "{name}: no communication in the trace");
         assert!(events.iter().any(|e| e["name"] == "bwd embed"), "{name}: no backward in the trace");
         assert!(std::fs::read_to_string(dir.join("loss.svg")).expect("loss.svg").contains("<svg"));
@@ -114,10 +118,7 @@ fn tensor_parallel_processes_match_a_single_process() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         // The summary says what each rank holds: about half the parameters.
         assert!(stdout.contains("rank 1") && stdout.contains("% of the model"), "{stdout}");
-        let trace: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("trace.json")).expect("trace.json"))
-                .expect("json");
-        let events = trace["traceEvents"].as_array().expect("events");
+        let events = trace_events(&dir);
         // The track of rank 0's tensor-parallel communicator has operations on it.
         let track = events
             .iter()

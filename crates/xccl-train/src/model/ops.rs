@@ -53,7 +53,7 @@ fn row_len(name: &str, l: &Layout, len: Option<usize>) -> candle_core::Result<us
 }
 
 /// Checks that inputs and gradients have as many elements.
-fn same_len(name: &str, x: &[f32], g: &[f32]) -> candle_core::Result<()> {
+pub(crate) fn same_len(name: &str, x: &[f32], g: &[f32]) -> candle_core::Result<()> {
     if x.len() != g.len() {
         candle_core::bail!("{name}: {} inputs for {} gradients", x.len(), g.len());
     }

@@ -8,7 +8,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::ops::values;
+use super::ops::{same_len, values};
 
 /// `softmax(scale · scores)` over the last dimension of `scores` `[.., t, t]`, with the
 /// causal mask: row `i` keeps columns `0..=i`, and the masked columns are exactly 0.
@@ -85,9 +85,7 @@ impl CustomOp2 for CausalSoftmaxGrad {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (y, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         let t = side(self.name(), l1)?;
-        if y.len() != g.len() {
-            candle_core::bail!("{}: {} outputs for {} gradients", self.name(), y.len(), g.len());
-        }
+        same_len(self.name(), y, g)?;
         let scale = self.scale;
         let mut dx = vec![0.0f32; y.len()];
         for (i, ((yr, gr), dr)) in

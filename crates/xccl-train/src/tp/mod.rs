@@ -87,25 +87,21 @@ impl Tp {
     /// over the group. Every rank of the group must call it.
     pub fn gather_full(&self, set: &ParamSet, local: &[f32]) -> Result<Vec<f32>> {
         let Some(comm) = &self.comm else { return set.full_of_locals(&[local]) };
-        let n = local.len();
-        let mut all = vec![0.0f32; n * comm.size()];
+        let mut all = vec![0.0f32; local.len() * comm.size()];
         comm.all_gather(local, &mut all)?;
-        let locals: Vec<&[f32]> = (0..comm.size()).map(|r| &all[r * n..(r + 1) * n]).collect();
-        set.full_of_locals(&locals)
+        assemble(set, &all, comm.size())
     }
 
     /// [`gather_full`](Self::gather_full) onto the group's first rank only (a gather, so
     /// the others never hold the full tensors): `Some` there, `None` elsewhere.
     pub fn gather_full_to_first(&self, set: &ParamSet, local: &[f32]) -> Result<Option<Vec<f32>>> {
         let Some(comm) = &self.comm else { return set.full_of_locals(&[local]).map(Some) };
-        let n = local.len();
-        let mut all = if comm.rank() == 0 { vec![0.0f32; n * comm.size()] } else { Vec::new() };
+        let mut all = if comm.rank() == 0 { vec![0.0f32; local.len() * comm.size()] } else { Vec::new() };
         comm.gather(local, &mut all, 0)?;
         if comm.rank() != 0 {
             return Ok(None);
         }
-        let locals: Vec<&[f32]> = (0..comm.size()).map(|r| &all[r * n..(r + 1) * n]).collect();
-        set.full_of_locals(&locals).map(Some)
+        assemble(set, &all, comm.size()).map(Some)
     }
 
     /// Sums `values` over the group in place (nothing for a group of one).
@@ -134,4 +130,11 @@ impl Tp {
         }
         Ok(())
     }
+}
+
+/// The full flat parameters from `all`, the `ranks` ranks' flat vectors one after the other.
+fn assemble(set: &ParamSet, all: &[f32], ranks: usize) -> Result<Vec<f32>> {
+    let n = all.len() / ranks.max(1);
+    let locals: Vec<&[f32]> = (0..ranks).map(|r| &all[r * n..(r + 1) * n]).collect();
+    set.full_of_locals(&locals)
 }
