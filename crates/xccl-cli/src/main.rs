@@ -5,6 +5,7 @@
 
 mod bench;
 mod demo;
+mod pipeline_svg;
 mod run;
 mod train;
 mod tune;

@@ -1,7 +1,8 @@
 //! `xccl train`: the main job. Launches local ranks as processes that train a model with
-//! data parallelism (DDP or a parameter server) on the embedded addition task or a text
-//! file, shows a progress bar, and ends with a summary, a loss curve, a trace of compute and
-//! communication per rank, and a checkpoint.
+//! data parallelism (DDP or a parameter server), tensor, sequence and pipeline parallelism
+//! on the embedded addition task or a text file, shows a progress bar, and ends with a
+//! summary, a loss curve, a trace of compute and communication per rank, the pipeline's
+//! timeline, and a checkpoint.
 //!
 //! The parent owns the terminal. Ranks run this same binary with the hidden `--worker` flag;
 //! rank 0 reports progress as `@xccl-train {json}` lines on its stdout, which the parent
@@ -16,10 +17,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use xccl::Communicator;
 use xccl_train::checkpoint::{self, FILE_NAME};
+use xccl_train::config::{Balance, PipelineConfig};
 use xccl_train::data::{Task, TaskConfig};
 use xccl_train::ddp::DdpConfig;
 use xccl_train::model::{ModelConfig, ModelKind};
 use xccl_train::optim::OptimConfig;
+use xccl_train::pipeline::schedule::Kind;
 use xccl_train::ps::PsConfig;
 use xccl_train::trainer::{CheckpointConfig, Observer, Strategy, TrainConfig, train};
 
@@ -27,6 +30,23 @@ use crate::run::{self, Job, Output, Prefixed};
 
 /// Marks rank 0's progress lines.
 const TAG: &str = "@xccl-train ";
+
+fn parse_schedule(s: &str) -> Result<Kind, String> {
+    s.parse()
+}
+
+fn parse_balance(s: &str) -> Result<Balance, String> {
+    match s {
+        "params" => Ok(Balance::Params),
+        "time" => Ok(Balance::Time),
+        list => list
+            .split(',')
+            .map(|k| k.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Balance::Blocks)
+            .map_err(|_| format!("'{list}' is not params, time or a list of blocks per stage such as 3,2")),
+    }
+}
 
 /// Data-parallel strategy.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,9 +84,27 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2)]
     pub dp: usize,
     /// Tensor-parallel size: ranks each model is divided over (Megatron layers); the job
-    /// launches dp x tp local processes.
+    /// launches dp x pp x tp local processes.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Pipeline stages: consecutive blocks of the model on consecutive ranks, working on
+    /// --micro-batches at the same time.
+    #[arg(long, default_value_t = 1)]
+    pub pp: usize,
+    /// Pipeline schedule [default: 1f1b; a schedule given with --pp 1 runs the pipeline
+    /// executor on one stage].
+    #[arg(long, value_parser = parse_schedule)]
+    pub schedule: Option<Kind>,
+    /// Model chunks per pipeline stage (--schedule interleaved).
+    #[arg(long, default_value_t = 1)]
+    pub virtual_stages: usize,
+    /// Pipeline: keep only each micro-batch's stage input, run its forward again in backward.
+    #[arg(long)]
+    pub recompute: bool,
+    /// Pipeline: cut stages by parameter count (params), by measured block time (time), or
+    /// give the blocks per stage (e.g. 3,2: embedding + 2 layers, then 1 layer + head).
+    #[arg(long, default_value = "params", value_parser = parse_balance)]
+    pub pp_balance: Balance,
     /// Sequence parallelism inside each tensor-parallel group (norms and residuals on
     /// len / tp positions per rank).
     #[arg(long)]
@@ -89,8 +127,9 @@ pub struct TrainArgs {
     /// Sequences per global step, over all ranks and micro-batches.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// Micro-batches per rank per step (gradient accumulation).
-    #[arg(long, default_value_t = 1)]
+    /// Micro-batches per rank per step (gradient accumulation; with a pipeline, the
+    /// micro-batches its schedule runs).
+    #[arg(long, visible_alias = "micro-batches", default_value_t = 1)]
     pub accum: usize,
     /// Model architecture.
     #[arg(long, value_enum, default_value_t = ModelArg::Gpt)]
@@ -216,6 +255,14 @@ impl TrainArgs {
             strategy,
             tp: self.tp,
             sp: self.sp,
+            pipeline: (self.pp != 1 || self.schedule.is_some() || self.virtual_stages != 1 || self.recompute)
+                .then(|| PipelineConfig {
+                    stages: self.pp,
+                    schedule: self.schedule.unwrap_or(Kind::OneFOneB),
+                    virtual_stages: self.virtual_stages,
+                    recompute: self.recompute,
+                    balance: self.pp_balance.clone(),
+                }),
             batch: self.batch,
             accum: self.accum,
             steps: self.steps,
@@ -232,12 +279,13 @@ impl TrainArgs {
             return Err("--dp must be at least 1".into());
         }
         config.validate(task.as_ref()).map_err(|e| e.to_string())?;
+        config.dp(self.ranks()).map_err(|e| e.to_string())?;
         Ok((task, config))
     }
 
-    /// Ranks the job launches: dp x tp.
+    /// Ranks the job launches: dp x pp x tp.
     pub fn ranks(&self) -> usize {
-        self.dp * self.tp
+        self.dp * self.pp * self.tp
     }
 }
 
@@ -284,11 +332,17 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS".to_string(), threads.to_string()));
     }
-    let mesh = match (args.tp, args.sp) {
-        (1, _) => String::new(),
-        (t, false) => format!(" (dp {} x tp {t})", args.dp),
-        (t, true) => format!(" (dp {} x tp {t}, sequence parallel)", args.dp),
-    };
+    let mut axes = Vec::new();
+    if args.pp > 1 {
+        axes.push(format!("pp {}", args.pp));
+    }
+    if args.pp > 1 || args.tp > 1 {
+        axes.push(format!("dp {}", args.dp));
+    }
+    if args.tp > 1 {
+        axes.push(format!("tp {}", args.tp) + if args.sp { ", sequence parallel" } else { "" });
+    }
+    let mesh = if axes.is_empty() { String::new() } else { format!(" ({})", axes.join(" x ")) };
     println!(
         "xccl train: {} ({} parameters) on {}, {ranks} ranks{mesh} x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
         config.model,
@@ -321,6 +375,13 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     match checkpoint::write_atomically(&json, summary.to_string().as_bytes()) {
         Ok(()) => println!("summary             {}", json.display()),
         Err(e) => eprintln!("xccl train: {e}"),
+    }
+    if let Some(p) = summary.get("pipeline").filter(|p| !p.is_null()) {
+        let svg = args.out.join("pipeline.svg");
+        match crate::pipeline_svg::draw(&svg, p) {
+            Ok(()) => println!("pipeline timeline   {}", svg.display()),
+            Err(e) => eprintln!("xccl train: cannot draw {}: {e}", svg.display()),
+        }
     }
     println!("trace (Perfetto)    {}", args.out.join("trace.json").display());
     println!("checkpoint          {}", args.out.join(FILE_NAME).display());

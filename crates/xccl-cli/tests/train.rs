@@ -21,8 +21,13 @@ fn out_dir(name: &str) -> PathBuf {
 }
 
 fn train(out: &Path, args: &[&str]) -> Output {
+    train_on(TINY, out, args)
+}
+
+/// `xccl train` with model and data flags `model`, then `args`.
+fn train_on(model: &[&str], out: &Path, args: &[&str]) -> Output {
     let mut cmd = Command::new(XCCL);
-    cmd.arg("train").args(TINY).args(args).arg("--out").arg(out).env("XCCL_TIMEOUT", "60");
+    cmd.arg("train").args(model).args(args).arg("--out").arg(out).env("XCCL_TIMEOUT", "60");
     cmd.output().expect("run xccl train")
 }
 
@@ -134,6 +139,58 @@ fn tensor_parallel_processes_match_a_single_process() {
 }
 
 #[test]
+fn pipeline_processes_match_a_single_process() {
+    // Batches of 8 rows: 2 data-parallel shares of 2 micro-batches of 2 rows.
+    let tiny: Vec<&str> = TINY.iter().map(|&a| if a == "7" { "8" } else { a }).collect();
+    let train = |out: &Path, args: &[&str]| train_on(&tiny, out, &[args, &["--steps", "50"]].concat());
+    let single = out_dir("pp-single");
+    ok(&train(&single, &["--dp", "1"]));
+    let dir = out_dir("pp");
+    let tied_single = out_dir("pp-single-tied");
+    ok(&train(&tied_single, &["--dp", "1", "--tied"]));
+    let out = train(&dir, &["--pp", "2", "--dp", "2", "--micro-batches", "2", "--tied"]);
+    ok(&out);
+    let d = rel_diff(&params(&dir), &params(&tied_single));
+    assert!(d < 1e-5, "pp 2 x dp 2: relative difference {d:e} from the single-process run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("(pp 2 x dp 2)") && stdout.contains("bubble"), "{stdout}");
+    // The timeline is drawn, and every stage is a lane of the trace with forwards and
+    // backwards on it, its sends on the pipeline group's track.
+    let svg = std::fs::read_to_string(dir.join("pipeline.svg")).expect("pipeline.svg");
+    assert!(svg.contains("stage 1"), "{svg}");
+    let events = trace_events(&dir);
+    for (pid, lane) in [(0, "stage 0"), (2, "stage 1")] {
+        let tid = events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["pid"] == pid && e["args"]["name"] == lane)
+            .map(|e| e["tid"].clone())
+            .unwrap_or_else(|| panic!("no lane {lane} on rank {pid}"));
+        let on = |p: &str| {
+            events
+                .iter()
+                .filter(|e| {
+                    e["pid"] == pid && e["tid"] == tid && e["name"].as_str().is_some_and(|n| n.starts_with(p))
+                })
+                .count()
+        };
+        assert_eq!((on("F("), on("B(")), (100, 100), "{lane}: 2 forwards and 2 backwards per step");
+    }
+    let sends = events
+        .iter()
+        .filter(|e| e["cat"] == "comm" && e["name"].as_str().is_some_and(|n| n.starts_with("send")))
+        .count();
+    assert!(sends >= 4 * 50, "{sends} sends between the stages");
+    // Without the tie, the untied model matches too (no shared gradient).
+    let untied = out_dir("pp-untied");
+    ok(&train(&untied, &["--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "gpipe"]));
+    let d = rel_diff(&params(&untied), &params(&single));
+    assert!(d < 1e-5, "gpipe pp 2: relative difference {d:e} from the single-process run");
+    for d in [single, tied_single, dir, untied] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
 fn a_resumed_run_ends_bit_identical() {
     let whole = out_dir("whole");
     ok(&train(&whole, &["--dp", "2", "--steps", "10", "--checkpoint-every", "4"]));
@@ -169,7 +226,11 @@ fn bad_flags_and_files_are_refused_with_a_reason() {
     std::fs::write(&empty, b"").unwrap();
     let text = dir.with_extension("text.txt");
     std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 13] = [
+        (&["--pp", "2", "--micro-batches", "3"], "multiple of --dp × --micro-batches"),
+        (&["--pp", "4"], "only 3 blocks"),
+        (&["--pp", "2", "--schedule", "zigzag"], "gpipe"),
+        (&["--pp", "2", "--pp-balance", "1,1"], "adding up to the model's 3 blocks"),
         (&["--tp", "4"], "--heads 2 is not divisible by --tp 4"),
         (&["--tp", "2", "--sp", "--data", text.to_str().unwrap(), "--context", "9"], "rows have 9 tokens"),
         (&["--sp"], "use it with --tp 2 or more"),

@@ -42,20 +42,20 @@ fn bytes_of(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Writes `ck` to `path` atomically. `set` gives names and full shapes.
+/// Writes `ck` to `path` atomically. `set`'s layout gives names and full shapes.
 pub fn save(path: &Path, set: &ParamSet, optim: &OptimConfig, ck: &Checkpoint) -> Result<()> {
     let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
     if ck.params.len() != set.full_len() || ck.state.len() != optim.state_names().len() {
         return Err(bad("the state does not match the model and optimizer".into()));
     }
     let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for s in set.slots() {
-        let (r, shape) = (s.full_range(), s.param.full_shape().to_vec());
-        named.push((format!("param.{}", s.param.name()), shape.clone(), bytes_of(&ck.params[r.clone()])));
+    for e in set.layout().entries() {
+        let (r, shape) = (e.range(), e.shape.clone());
+        named.push((format!("param.{}", e.name), shape.clone(), bytes_of(&ck.params[r.clone()])));
         for (state, values) in optim.state_names().iter().zip(&ck.state) {
             let part =
                 values.get(r.clone()).ok_or_else(|| bad(format!("optimizer state {state} is too short")))?;
-            named.push((format!("optim.{state}.{}", s.param.name()), shape.clone(), bytes_of(part)));
+            named.push((format!("optim.{state}.{}", e.name), shape.clone(), bytes_of(part)));
         }
     }
     let views = named
@@ -121,8 +121,8 @@ pub fn read_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
     Ok((out, meta))
 }
 
-/// Reads a checkpoint for parameters `set` and optimiser `optim`: full tensors, whatever
-/// the tensor-parallel size that wrote it or that `set` has.
+/// Reads a checkpoint for parameters `set` (its whole model's layout) and optimiser `optim`:
+/// full tensors, whatever the mesh that wrote it or that `set` belongs to.
 pub fn load(path: &Path, set: &ParamSet, optim: &OptimConfig) -> Result<Checkpoint> {
     let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
     let (mut tensors, meta) = read_tensors(path)?;
@@ -146,11 +146,10 @@ pub fn load(path: &Path, set: &ParamSet, optim: &OptimConfig) -> Result<Checkpoi
     let names = optim.state_names();
     let mut params = Vec::with_capacity(set.full_len());
     let mut state = vec![Vec::with_capacity(set.full_len()); names.len()];
-    for s in set.slots() {
-        let shape = s.param.full_shape();
-        params.extend(take(format!("param.{}", s.param.name()), shape)?);
+    for e in set.layout().entries() {
+        params.extend(take(format!("param.{}", e.name), &e.shape)?);
         for (n, v) in names.iter().zip(&mut state) {
-            v.extend(take(format!("optim.{n}.{}", s.param.name()), shape)?);
+            v.extend(take(format!("optim.{n}.{}", e.name), &e.shape)?);
         }
     }
     if let Some(extra) = tensors.keys().next() {

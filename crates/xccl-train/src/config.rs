@@ -1,6 +1,7 @@
 //! The settings of a training run, as plain data: [`TrainConfig`] and what it is made of
-//! (the data-parallel strategy, the tensor-parallel size, checkpointing). Every module of
-//! the run reads them; none of them depends on how a strategy is carried out.
+//! (the data-parallel strategy, the tensor-parallel size, the pipeline, checkpointing).
+//! Every module of the run reads them; none of them depends on how a strategy is carried
+//! out.
 
 use std::path::PathBuf;
 
@@ -8,6 +9,7 @@ use crate::data::{Task, TaskConfig};
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, ModelKind};
 use crate::optim::OptimConfig;
+use crate::pipeline::schedule::{Kind, Schedule, Shape};
 
 /// Bucket sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +80,35 @@ pub struct CheckpointConfig {
     pub resume: bool,
 }
 
+/// How the blocks of the model are divided into pipeline stages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Contiguous blocks with about equal parameter counts (the most in one stage as small
+    /// as it can be).
+    Params,
+    /// Contiguous blocks with about equal forward and backward time, measured on one rank
+    /// before training.
+    Time,
+    /// This many blocks in each stage (or chunk, with virtual stages), in order.
+    Blocks(Vec<usize>),
+}
+
+/// Pipeline parallelism: the model cut between blocks into stages that work on
+/// micro-batches at the same time ([`crate::pipeline`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// Pipeline stages (ranks along the pipeline axis).
+    pub stages: usize,
+    /// The order of forwards and backwards on each stage.
+    pub schedule: Kind,
+    /// Model chunks per stage (interleaved schedule; 1 otherwise).
+    pub virtual_stages: usize,
+    /// Keep only each micro-batch's stage input and run the forward again in backward.
+    pub recompute: bool,
+    /// How blocks are divided into stages.
+    pub balance: Balance,
+}
+
 /// A training run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainConfig {
@@ -94,9 +125,13 @@ pub struct TrainConfig {
     pub tp: usize,
     /// Sequence parallelism inside each tensor-parallel group.
     pub sp: bool,
+    /// Pipeline parallelism (`None`: every rank runs the whole model, micro-batch after
+    /// micro-batch).
+    pub pipeline: Option<PipelineConfig>,
     /// Rows (sequences) per global step, over all ranks and micro-batches.
     pub batch: usize,
-    /// Micro-batches each worker cuts its share into (gradient accumulation).
+    /// Micro-batches each worker cuts its share into (gradient accumulation; with a
+    /// pipeline, the micro-batches the schedule runs).
     pub accum: usize,
     /// Steps to train to (a resumed run continues up to this step).
     pub steps: u64,
@@ -131,7 +166,37 @@ impl TrainConfig {
             return Err(Error::config("--batch and --accum must be at least 1"));
         }
         self.validate_tp(task)?;
+        if let Some(p) = &self.pipeline {
+            self.validate_pp(p)?;
+        }
         self.optim.validate()
+    }
+
+    /// The pipeline settings against the model and the strategy.
+    fn validate_pp(&self, p: &PipelineConfig) -> Result<()> {
+        if p.stages == 0 {
+            return Err(Error::config("--pp must be at least 1"));
+        }
+        if let Strategy::Ps(_) = self.strategy {
+            return Err(Error::config(
+                "the parameter server works on whole models: use --strategy ddp with --pp",
+            ));
+        }
+        self.schedule(p)?;
+        crate::pipeline::stages::check(&self.model, p)
+    }
+
+    /// The pipeline's schedule.
+    pub fn schedule(&self, p: &PipelineConfig) -> Result<Schedule> {
+        Schedule::new(
+            p.schedule,
+            Shape { stages: p.stages, micro_batches: self.accum, virtual_stages: p.virtual_stages },
+        )
+    }
+
+    /// Pipeline stages (1 without a pipeline).
+    pub fn pp(&self) -> usize {
+        self.pipeline.as_ref().map_or(1, |p| p.stages)
     }
 
     /// The tensor-parallel settings against the model, the data and the strategy.
@@ -159,16 +224,28 @@ impl TrainConfig {
     }
 
     /// Data-parallel size on a world of `world` ranks; an error, before any communication,
-    /// when the world is not `dp × tp`.
+    /// when the world is not `dp × pp × tp`, or when a pipeline's micro-batches do not
+    /// divide each data-parallel share of the batch.
     pub fn dp(&self, world: usize) -> Result<usize> {
-        if self.tp == 0 || !world.is_multiple_of(self.tp) || world == 0 {
+        let (tp, pp) = (self.tp, self.pp());
+        if tp == 0 || pp == 0 || world == 0 || !world.is_multiple_of(tp * pp) {
             return Err(Error::config(format!(
-                "the job has {world} ranks, which is not a multiple of --tp {}: the world size \
-                 must be --dp × --tp",
-                self.tp
+                "the job has {world} ranks, which is not a multiple of --pp {pp} × --tp {tp}: \
+                 the world size must be --dp × --pp × --tp"
             )));
         }
-        Ok(world / self.tp)
+        let dp = world / (tp * pp);
+        if self.pipeline.is_some() && !self.batch.is_multiple_of(dp * self.accum) {
+            return Err(Error::config(format!(
+                "--batch {} does not divide into {dp} data-parallel share(s) of {} equal \
+                 micro-batches: a pipeline needs --batch to be a multiple of --dp × \
+                 --micro-batches ({})",
+                self.batch,
+                self.accum,
+                dp * self.accum
+            )));
+        }
+        Ok(dp)
     }
 
     /// Everything that determines the trajectory of the parameters (not the number of

@@ -134,14 +134,16 @@ pub(crate) fn run(
     let Start { step: first, mut params, mut optimizer, mut losses } = start;
     let mut steps = Vec::new();
     let mut peak_rss = 0;
+    let mut timeline = Vec::new();
     for step in first..cx.config.steps {
         let t0 = Instant::now();
         let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
         grads.zero();
-        let local = cx.gradients(&share, norm, &mut grads, trace, |k, g| ddp.block_done(k, g))?;
+        let (local, pipe) = cx.gradients(&share, norm, &mut grads, trace, |k, g| ddp.block_done(k, g))?;
         let w0 = Instant::now();
         let (loss, wait) = ddp.finish(&mut grads, local)?;
         trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
+        let loss = cx.finish_step(&mut grads, loss)?;
         let sent = cx.step_comm(trace);
         trace.span(
             || "optimizer".into(),
@@ -153,7 +155,11 @@ pub(crate) fn run(
             wait: wait.as_secs_f64(),
             version: None,
             sent,
+            pipe: pipe.as_ref().map(|p| [p.busy, p.span]),
         };
+        if let Some(p) = pipe {
+            timeline = p.timeline;
+        }
         observer.step(&stat);
         steps.push(stat);
         if step + 1 == cx.config.steps {
@@ -168,7 +174,7 @@ pub(crate) fn run(
             trace.span(|| "checkpoint".into(), || cx.save(step + 1, &params, optimizer.state(), &losses))?;
         }
     }
-    Ok(Finish { params, steps, losses, role: "worker", peak_rss })
+    Ok(Finish { params, steps, losses, role: "worker", peak_rss, timeline })
 }
 
 #[cfg(test)]

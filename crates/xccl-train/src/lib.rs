@@ -48,6 +48,7 @@
 //!     strategy: Strategy::Ddp(DdpConfig::default()),
 //!     tp: 1,
 //!     sp: false,
+//!     pipeline: None,
 //!     batch: 16,
 //!     accum: 1,
 //!     steps: 30,
@@ -83,6 +84,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod pipeline;
 pub mod ps;
 pub mod run;
 pub mod tp;

@@ -5,8 +5,9 @@
 //! With `dp × tp` (tensor parallelism innermost) ranks `k·tp .. k·tp + tp − 1` form a
 //! tensor-parallel group, so a group that talks in every layer stays inside a host when
 //! hosts hold whole groups, and ranks `j, j + tp, j + 2·tp, …` form a data-parallel group.
-//! The groups are made with [`Communicator::split`]; a pipeline axis slots in between
-//! (`dp × pp × tp`) without changing anything else.
+//! The groups are made with [`Communicator::split`]. The full mesh of a training run is
+//! `pp × dp × tp`: pipeline stages outermost, so that the neighbours of a pipeline, which
+//! exchange only activations at stage boundaries, may sit on different hosts.
 //!
 //! ```
 //! use xccl::Communicator;
@@ -40,17 +41,20 @@ pub enum Axis {
     Dp,
     /// Tensor parallelism: every layer divided over the group.
     Tp,
+    /// Pipeline parallelism: consecutive blocks of the model on consecutive stages.
+    Pp,
 }
 
 impl Axis {
     /// Every kind of axis.
-    pub const ALL: [Axis; 2] = [Axis::Dp, Axis::Tp];
+    pub const ALL: [Axis; 3] = [Axis::Pp, Axis::Dp, Axis::Tp];
 
     /// The axis's command-line name.
     pub fn name(self) -> &'static str {
         match self {
             Axis::Dp => "dp",
             Axis::Tp => "tp",
+            Axis::Pp => "pp",
         }
     }
 }
@@ -153,6 +157,11 @@ impl Mesh {
     /// The tensor-parallel group.
     pub fn tp(&self) -> &Communicator {
         self.group(Axis::Tp)
+    }
+
+    /// The pipeline group: the stages of this rank's pipeline, in order.
+    pub fn pp(&self) -> &Communicator {
+        self.group(Axis::Pp)
     }
 }
 

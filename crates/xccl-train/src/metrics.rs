@@ -20,9 +20,12 @@ pub struct StepStat {
     pub wait: f64,
     /// Parameter server: the parameter version the step computed on.
     pub version: Option<u64>,
-    /// Bytes this rank sent in the step through its tensor-parallel and data-parallel
-    /// communicators (see [`bus_bytes`]; recorded when tracing, else 0).
-    pub sent: [u64; 2],
+    /// Bytes this rank sent in the step through its tensor-parallel, data-parallel and
+    /// pipeline communicators (see [`bus_bytes`]; recorded when tracing, else 0).
+    pub sent: [u64; 3],
+    /// Pipeline: seconds of forward and backward, and seconds from the start of the step's
+    /// pipeline to this rank's last backward.
+    pub pipe: Option<[f64; 2]>,
 }
 
 impl StepStat {
@@ -48,12 +51,15 @@ pub struct RankReport {
     /// Peak resident memory of its process during its steps (before the final
     /// checkpoint), bytes; 0 where unknown.
     pub peak_rss_bytes: u64,
+    /// Pipeline: the forwards and backwards of its last step, `(name, start µs since the
+    /// Unix epoch, duration µs)`.
+    pub timeline: Lane,
 }
 
 /// Bytes a rank sends for operations `ops` of a communicator of `size` ranks, as a ring
 /// algorithm would (nccl-tests' bus-bandwidth convention, from each operation's input
 /// bytes `n`): an all-reduce `2(p−1)/p·n`, an all-gather `(p−1)·n`, a reduce-scatter
-/// `(p−1)/p·n`, anything else `n`; nothing on a group of one. By this measure Megatron's
+/// `(p−1)/p·n`, a receive nothing (its sender counts it), anything else `n`; nothing on a group of one. By this measure Megatron's
 /// all-reduce of a tensor and sequence parallelism's all-gather + reduce-scatter of it are
 /// equal, as they are on the wire.
 pub fn bus_bytes(size: usize, ops: &[xccl::OpSpan]) -> u64 {
@@ -69,6 +75,7 @@ pub fn bus_bytes(size: usize, ops: &[xccl::OpSpan]) -> u64 {
                 "all_reduce" => 2.0 * (p - 1.0) / p * n,
                 "all_gather" => (p - 1.0) * n,
                 "reduce_scatter" => (p - 1.0) / p * n,
+                "recv" => 0.0,
                 _ => n,
             }
         })
@@ -90,8 +97,11 @@ pub fn peak_rss_bytes() -> u64 {
 
 impl RankReport {
     fn to_json(&self) -> Value {
-        let steps: Vec<Value> =
-            self.steps.iter().map(|s| json!([s.step, s.seconds, s.wait, s.version, s.sent])).collect();
+        let steps: Vec<Value> = self
+            .steps
+            .iter()
+            .map(|s| json!([s.step, s.seconds, s.wait, s.version, s.sent, s.pipe]))
+            .collect();
         json!({
             "rank": self.rank,
             "role": self.role,
@@ -99,6 +109,7 @@ impl RankReport {
             "spans": trace::to_json(&self.spans),
             "params_held": self.params_held,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "timeline": self.timeline,
         })
     }
 
@@ -113,6 +124,7 @@ impl RankReport {
                     wait: s.get(2)?.as_f64()?,
                     version: s.get(3)?.as_u64(),
                     sent: serde_json::from_value(s.get(4)?.clone()).ok()?,
+                    pipe: serde_json::from_value(s.get(5)?.clone()).ok()?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -123,6 +135,7 @@ impl RankReport {
             spans: trace::from_json(&v["spans"]),
             params_held: usize::try_from(v["params_held"].as_u64()?).ok()?,
             peak_rss_bytes: v["peak_rss_bytes"].as_u64()?,
+            timeline: serde_json::from_value(v["timeline"].clone()).ok()?,
         })
     }
 }
@@ -189,6 +202,62 @@ pub struct Summary {
     /// The f32 matrix-product rate of one rank on its threads, FLOP/s, if measured
     /// ([`matmul_rate`](crate::model::flops::matmul_rate)).
     pub matmul_rate: Option<f64>,
+    /// Pipeline parallelism: the schedule and its measured bubble.
+    pub pipeline: Option<PipelineFacts>,
+}
+
+/// One stage's forwards and backwards: `(name, start, duration)`.
+pub type Lane = Vec<(String, f64, f64)>;
+
+/// What a pipeline did, from every rank's report.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PipelineFacts {
+    /// The schedule's name.
+    pub schedule: String,
+    /// Pipeline stages.
+    pub stages: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Chunks per stage.
+    pub virtual_stages: usize,
+    /// Whether forwards are recomputed in backward.
+    pub recompute: bool,
+    /// The schedule's bubble fraction in closed form.
+    pub bubble_schedule: f64,
+    /// The measured bubble fraction: `1 − busy / span` over the steps after the first,
+    /// averaged over the pipeline ranks.
+    pub bubble_measured: f64,
+    /// The last step of the first pipeline (data-parallel and tensor-parallel rank 0): for
+    /// each stage, its forwards and backwards as `(name, start ms, duration ms)` from the
+    /// earliest start.
+    pub timeline: Vec<Lane>,
+}
+
+impl PipelineFacts {
+    /// The measured bubble from `reports`, and the timeline of the ranks `lanes` (world
+    /// ranks of stage 0, 1, … of one pipeline). The schedule's facts are left for the caller.
+    pub fn measure(reports: &[RankReport], lanes: &[usize]) -> (f64, Vec<Lane>) {
+        let mut bubbles = Vec::new();
+        for r in reports {
+            let measured = if r.steps.len() > 1 { &r.steps[1..] } else { &r.steps[..] };
+            let (busy, span) =
+                measured.iter().filter_map(|s| s.pipe).fold((0.0, 0.0), |(b, s), p| (b + p[0], s + p[1]));
+            if span > 0.0 {
+                bubbles.push(1.0 - busy / span);
+            }
+        }
+        let bubble = bubbles.iter().sum::<f64>() / bubbles.len().max(1) as f64;
+        let chosen: Vec<&RankReport> =
+            lanes.iter().filter_map(|&l| reports.iter().find(|r| r.rank == l)).collect();
+        let t0 = chosen.iter().flat_map(|r| r.timeline.iter().map(|t| t.1)).fold(f64::INFINITY, f64::min);
+        let timeline = chosen
+            .iter()
+            .map(|r| {
+                r.timeline.iter().map(|(n, start, dur)| (n.clone(), (start - t0) / 1e3, dur / 1e3)).collect()
+            })
+            .collect();
+        (bubble, timeline)
+    }
 }
 
 /// What one rank held and moved.
@@ -200,8 +269,9 @@ pub struct RankFacts {
     pub params_held: usize,
     /// Peak resident memory of its process, bytes.
     pub peak_rss_bytes: u64,
-    /// Mean bytes sent per step through the tensor-parallel and data-parallel groups.
-    pub sent_per_step: [f64; 2],
+    /// Mean bytes sent per step through the tensor-parallel, data-parallel and pipeline
+    /// groups.
+    pub sent_per_step: [f64; 3],
 }
 
 impl Summary {
@@ -245,7 +315,7 @@ impl Summary {
                     rank: r.rank,
                     params_held: r.params_held,
                     peak_rss_bytes: r.peak_rss_bytes,
-                    sent_per_step: [mean(0), mean(1)],
+                    sent_per_step: [mean(0), mean(1), mean(2)],
                 }
             })
             .collect();
@@ -265,6 +335,7 @@ impl Summary {
             per_rank,
             flops_per_step: 0.0,
             matmul_rate: None,
+            pipeline: None,
         }
     }
 
@@ -315,8 +386,9 @@ impl Summary {
                 "rank": r.rank,
                 "params_held": r.params_held,
                 "peak_rss_bytes": r.peak_rss_bytes,
-                "comm_bytes": {"tp": r.sent_per_step[0], "dp": r.sent_per_step[1]},
+                "comm_bytes": {"tp": r.sent_per_step[0], "dp": r.sent_per_step[1], "pp": r.sent_per_step[2]},
             })).collect::<Vec<_>>(),
+            "pipeline": self.pipeline,
             "text": self.render(),
         })
     }
@@ -357,6 +429,22 @@ impl Summary {
             1e3 * self.exposed_seconds,
             100.0 * self.exposed_share()
         );
+        if let Some(p) = &self.pipeline {
+            s += &format!(
+                "pipeline            {} stages x {} micro-batches, {}{}{}: bubble {:.1}% measured, {:.1}% by the schedule\n",
+                p.stages,
+                p.micro_batches,
+                p.schedule,
+                if p.virtual_stages > 1 {
+                    format!(" ({} chunks per stage)", p.virtual_stages)
+                } else {
+                    String::new()
+                },
+                if p.recompute { ", recomputing forwards" } else { "" },
+                100.0 * p.bubble_measured,
+                100.0 * p.bubble_schedule
+            );
+        }
         if !self.staleness.is_empty() {
             let total: usize = self.staleness.iter().map(|&(_, c)| c).sum();
             let hist: Vec<String> = self
@@ -368,7 +456,7 @@ impl Summary {
         }
         for r in &self.per_rank {
             // What each group sent per step (ring-equivalent bytes; none on a group of one).
-            let comm: Vec<String> = ["tp", "dp"]
+            let comm: Vec<String> = ["tp", "dp", "pp"]
                 .iter()
                 .zip(r.sent_per_step)
                 .filter(|(_, b)| *b > 0.0)
@@ -394,7 +482,14 @@ mod tests {
 
     #[test]
     fn summary_averages_after_the_first_step_and_counts_staleness() {
-        let stat = |step, seconds, wait, version| StepStat { step, seconds, wait, version, sent: [0, 3] };
+        let stat = |step, seconds, wait, version| StepStat {
+            step,
+            seconds,
+            wait,
+            version,
+            sent: [0, 3, 1],
+            pipe: Some([1.0, 2.0]),
+        };
         let reports = vec![
             RankReport {
                 rank: 0,
@@ -407,6 +502,7 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 1 << 20,
+                timeline: vec![("F(0,0)".into(), 1000.0, 500.0)],
             },
             RankReport {
                 rank: 1,
@@ -415,6 +511,7 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 0,
+                timeline: vec![("B(0,0)".into(), 3000.0, 1000.0)],
             },
         ];
         let s = Summary::new(2, "ps".into(), 10, vec![(0, 2.0), (1, 1.5)], 100, 5.0, &reports);
@@ -425,5 +522,9 @@ mod tests {
         assert!(s.render().contains("staleness"));
         let back = RankReport::from_json(&reports[0].to_json()).unwrap();
         assert_eq!(back, reports[0]);
+        // Busy half of every measured step's span: a bubble of one half.
+        let (bubble, timeline) = PipelineFacts::measure(&reports, &[1, 0]);
+        assert!((bubble - 0.5).abs() < 1e-12);
+        assert_eq!(timeline, vec![vec![("B(0,0)".into(), 2.0, 1.0)], vec![("F(0,0)".into(), 0.0, 0.5)]]);
     }
 }

@@ -183,6 +183,10 @@ pub struct Slot {
     pub shape: Vec<usize>,
     /// First element in the full flat vector (every parameter unsharded, as at tp = 1).
     pub full_offset: usize,
+    /// A copy of a parameter that a block of another pipeline stage owns (a tied output
+    /// head on the last stage holds the first stage's token embedding): trained alike, its
+    /// gradient summed with the owner's, but left out when the full vector is assembled.
+    pub mirror: bool,
 }
 
 impl Slot {
@@ -197,21 +201,111 @@ impl Slot {
     }
 }
 
-/// All parameters of a model in their fixed order (owning block, then name) with their
-/// places in the flat vector.
+/// One parameter of the whole model, as the full flat vector lays it out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Its name.
+    pub name: String,
+    /// Its full (unsharded) shape.
+    pub shape: Vec<usize>,
+    /// The index of the block that owns it, in the whole model.
+    pub block: usize,
+    /// First element in the full flat vector.
+    pub offset: usize,
+}
+
+impl Entry {
+    /// Its elements in the full flat vector.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.shape.iter().product::<usize>()
+    }
+}
+
+/// The full flat vector of the whole model, every parameter unsharded, block by block and
+/// by name inside a block: what checkpoints hold and what every rank's pieces (of a
+/// tensor-parallel group, of a pipeline stage) are cut from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    entries: Vec<Entry>,
+    len: usize,
+    /// (block, name): block `block` uses parameter `name`, which an earlier block owns.
+    shared: Vec<(usize, String)>,
+}
+
+impl Layout {
+    /// The layout of the parameters owned by each block (`owned[k]` for block `k`, given as
+    /// name and full shape).
+    pub fn new<'a>(owned: impl IntoIterator<Item = Vec<(&'a str, &'a [usize])>>) -> Layout {
+        let mut layout = Layout::default();
+        for (block, mut params) in owned.into_iter().enumerate() {
+            params.sort_by(|a, b| a.0.cmp(b.0));
+            for (name, shape) in params {
+                let offset = layout.len;
+                layout.len += shape.iter().product::<usize>();
+                layout.entries.push(Entry { name: name.to_string(), shape: shape.to_vec(), block, offset });
+            }
+        }
+        layout
+    }
+
+    /// The parameters in order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Records that block `block` uses parameter `name`, which an earlier block owns.
+    pub fn share(&mut self, block: usize, name: &str) {
+        self.shared.push((block, name.to_string()));
+    }
+
+    /// Every (block, parameter name) where a block uses a parameter an earlier one owns.
+    pub fn shared(&self) -> &[(usize, String)] {
+        &self.shared
+    }
+
+    /// Elements of the full flat vector.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the model has no parameters.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The parameter called `name`.
+    pub fn get(&self, name: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+}
+
+/// All parameters a rank holds in their fixed order (owning block, then name) with their
+/// places in this rank's flat vector and in the whole model's full one ([`Layout`]).
 #[derive(Clone, Debug)]
 pub struct ParamSet {
     slots: Vec<Slot>,
     len: usize,
-    full_len: usize,
+    layout: std::sync::Arc<Layout>,
     by_id: HashMap<TensorId, usize>,
 }
 
 impl ParamSet {
-    /// Lays out the parameters owned by each block (`owned[k]` for block `k`).
+    /// Lays out the parameters owned by each block (`owned[k]` for block `k`) of a whole
+    /// model.
     pub fn new(owned: &[&[Param]]) -> Result<ParamSet> {
+        let layout = Layout::new(
+            owned.iter().map(|ps| ps.iter().map(|p| (p.name.as_str(), p.full_shape.as_slice())).collect()),
+        );
+        let blocks: Vec<usize> = (0..owned.len()).collect();
+        ParamSet::part(owned, &blocks, std::sync::Arc::new(layout))
+    }
+
+    /// Lays out the parameters owned by the blocks of a part of a model whose whole
+    /// parameters are `layout`: `owned[k]` are those of block `blocks[k]` of the whole model.
+    /// A parameter `layout` places in a block outside `blocks` is a [mirror](Slot::mirror).
+    pub fn part(owned: &[&[Param]], blocks: &[usize], layout: std::sync::Arc<Layout>) -> Result<ParamSet> {
         let mut slots = Vec::new();
-        let (mut len, mut full_len) = (0, 0);
+        let mut len = 0;
         for (block, params) in owned.iter().enumerate() {
             let mut params: Vec<&Param> = params.iter().collect();
             params.sort_by(|a, b| a.name.cmp(&b.name));
@@ -223,9 +317,19 @@ impl ParamSet {
                         p.name, p.full_shape
                     )));
                 }
-                slots.push(Slot { param: p.clone(), block, offset: len, shape, full_offset: full_len });
+                let entry = layout.get(&p.name).filter(|e| e.shape == p.full_shape).ok_or_else(|| {
+                    Error::internal(format!("parameter {} is not in the model's layout", p.name))
+                })?;
+                let mirror = blocks.get(block) != Some(&entry.block);
+                slots.push(Slot {
+                    param: p.clone(),
+                    block,
+                    offset: len,
+                    shape,
+                    full_offset: entry.offset,
+                    mirror,
+                });
                 len += p.tensor().elem_count();
-                full_len += p.full_shape.iter().product::<usize>();
             }
         }
         let mut by_id = HashMap::new();
@@ -238,7 +342,12 @@ impl ParamSet {
                 return Err(Error::config(format!("two parameters are called {}", s.param.name)));
             }
         }
-        Ok(ParamSet { slots, len, full_len, by_id })
+        Ok(ParamSet { slots, len, layout, by_id })
+    }
+
+    /// The whole model's full flat vector.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Total number of elements this rank holds.
@@ -246,18 +355,18 @@ impl ParamSet {
         self.len
     }
 
-    /// Total number of elements of the full (unsharded) parameters.
+    /// Total number of elements of the whole model's full (unsharded) parameters.
     pub fn full_len(&self) -> usize {
-        self.full_len
+        self.layout.len()
     }
 
     /// This rank's flat vector, cut from the full flat vector `full` (checkpoints, starts).
     pub fn local_of_full(&self, full: &[f32]) -> Result<Vec<f32>> {
-        if full.len() != self.full_len {
+        if full.len() != self.full_len() {
             return Err(Error::internal(format!(
                 "{} values given for {} full parameter elements",
                 full.len(),
-                self.full_len
+                self.full_len()
             )));
         }
         let mut local = Vec::with_capacity(self.len);
@@ -268,9 +377,10 @@ impl ParamSet {
     }
 
     /// The full flat vector from every tensor-parallel rank's flat vector (`locals[r]` is
-    /// rank `r`'s, as laid out by the same model built for rank `r`).
+    /// rank `r`'s, as laid out by the same model built for rank `r`). Parameters this part
+    /// of the model does not own (other pipeline stages', mirrors) are left zero.
     pub fn full_of_locals(&self, locals: &[&[f32]]) -> Result<Vec<f32>> {
-        let mut full = vec![0.0; self.full_len];
+        let mut full = vec![0.0; self.full_len()];
         for (r, local) in locals.iter().enumerate() {
             if local.len() != self.len {
                 return Err(Error::internal(format!(
@@ -279,7 +389,7 @@ impl ParamSet {
                     self.len
                 )));
             }
-            for s in &self.slots {
+            for s in self.slots.iter().filter(|s| !s.mirror) {
                 let shard = s.param.shard.for_rank(r);
                 if r > 0 && shard == Shard::Replicated {
                     continue;
@@ -399,6 +509,16 @@ impl Chunks {
 
     /// Adds `values` into the elements from `offset` on, across chunk boundaries.
     pub fn add(&mut self, offset: usize, values: &[f32]) -> Result<()> {
+        self.zip_mut(offset, values, |d, s| *d += s)
+    }
+
+    /// Sets the elements from `offset` on to `values`, across chunk boundaries.
+    pub fn set(&mut self, offset: usize, values: &[f32]) -> Result<()> {
+        self.zip_mut(offset, values, |d, s| *d = s)
+    }
+
+    /// Applies `f(element, value)` to the elements from `offset` on and `values`.
+    fn zip_mut(&mut self, offset: usize, values: &[f32], f: impl Fn(&mut f32, f32)) -> Result<()> {
         if offset + values.len() > self.len() {
             return Err(Error::internal(format!(
                 "gradient of {} elements at {offset} does not fit in {} elements",
@@ -413,12 +533,27 @@ impl Chunks {
             let at = pos - self.starts[i];
             let n = rest.len().min(self.bufs[i].len() - at);
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
-                *d += s;
+                f(d, *s);
             }
             pos += n;
             rest = &rest[n..];
         }
         Ok(())
+    }
+
+    /// A copy of the elements in `range`, across chunk boundaries.
+    pub fn get(&self, range: Range<usize>) -> Result<Vec<f32>> {
+        if range.end > self.len() {
+            return Err(Error::internal(format!("elements {range:?} are beyond {}", self.len())));
+        }
+        let mut out = Vec::with_capacity(range.len());
+        for (r, chunk) in self.iter() {
+            let (from, to) = (range.start.max(r.start), range.end.min(r.end));
+            if from < to {
+                out.extend_from_slice(&chunk[from - r.start..to - r.start]);
+            }
+        }
+        Ok(out)
     }
 
     /// Adds every gradient of `grads` (slot index, gradient tensor) at its slot's place.

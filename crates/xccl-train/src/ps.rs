@@ -515,7 +515,7 @@ fn work(
         let (version, waited) = worker.acquire(need, cx)?;
         trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
         let (share, norm) = trace.span(|| "data".into(), || cx.share(clock, index, workers));
-        let loss = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
+        let (loss, _) = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
         worker.push(&mut grads, loss)?;
         let stat = StepStat {
             step: clock,
@@ -523,7 +523,8 @@ fn work(
             wait: waited.as_secs_f64(),
             version: Some(version),
             // The servers' groups are their own, traced with them.
-            sent: [0, 0],
+            sent: [0, 0, 0],
+            pipe: None,
         };
         observer.step(&stat);
         stats.push(stat);
@@ -618,5 +619,6 @@ pub(crate) fn run(
         losses,
         role,
         peak_rss: crate::metrics::peak_rss_bytes(),
+        timeline: Vec::new(),
     })
 }

@@ -13,10 +13,11 @@ use crate::config::{CheckpointConfig, TrainConfig};
 use crate::data::{Batch, Task, shares};
 use crate::error::{Error, Result};
 use crate::mesh::Mesh;
-use crate::metrics::{RankReport, StepStat, Summary, bus_bytes, gather_reports};
+use crate::metrics::{PipelineFacts, RankReport, StepStat, Summary, bus_bytes, gather_reports};
 use crate::model::{Graph, Model};
 use crate::optim::Optimizer;
 use crate::params::Chunks;
+use crate::pipeline::execute::{PipeStat, Pipeline};
 use crate::trace::{self, Trace};
 
 /// What a rank sees of a run as it goes; the default methods ignore it.
@@ -59,6 +60,8 @@ pub(crate) struct Start {
 pub(crate) struct Finish {
     /// Peak resident memory after the last step, before its checkpoint.
     pub peak_rss: u64,
+    /// Pipeline: the forwards and backwards of the last step.
+    pub timeline: Vec<(String, Instant, Instant)>,
     pub params: Vec<f32>,
     pub steps: Vec<StepStat>,
     pub losses: Vec<(u64, f64)>,
@@ -71,18 +74,20 @@ pub(crate) struct Context<'a> {
     pub config: &'a TrainConfig,
     pub task: &'a dyn Task,
     pub model: &'a Model,
+    /// This rank's pipeline stage, when the model is cut into stages.
+    pub pipeline: Option<&'a Pipeline>,
     pub fingerprint: String,
     pub started: Instant,
 }
 
 impl Context<'_> {
-    /// The operations this rank's tensor-parallel and data-parallel groups ran since the
-    /// last call, moved into `trace`: returns the bytes each sent ([`bus_bytes`]). A
-    /// strategy calls it at the end of each step's communication, before checkpointing.
-    pub fn step_comm(&self, trace: &mut Trace) -> [u64; 2] {
-        let mut sent = [0; 2];
-        for (s, (label, c)) in sent.iter_mut().zip([("comm tp", self.mesh.tp()), ("comm dp", self.mesh.dp())])
-        {
+    /// The operations this rank's tensor-parallel, data-parallel and pipeline groups ran
+    /// since the last call, moved into `trace`: returns the bytes each sent ([`bus_bytes`]).
+    /// A strategy calls it at the end of each step's communication, before checkpointing.
+    pub fn step_comm(&self, trace: &mut Trace) -> [u64; 3] {
+        let mut sent = [0; 3];
+        let groups = [("comm tp", self.mesh.tp()), ("comm dp", self.mesh.dp()), ("comm pp", self.mesh.pp())];
+        for (s, (label, c)) in sent.iter_mut().zip(groups) {
             let ops = c.take_timeline();
             *s = bus_bytes(c.size(), &ops);
             trace.add_ops(label, ops);
@@ -103,12 +108,12 @@ impl Context<'_> {
     /// rank of the group calls it (in data parallelism, the group of data-parallel rank 0).
     pub fn save(&self, step: u64, params: &[f32], state: &[Vec<f32>], losses: &[(u64, f64)]) -> Result<()> {
         let Some(c) = &self.config.checkpoint else { return Ok(()) };
-        let (tp, set) = (self.model.tp(), self.model.params());
-        let params = tp.gather_full_to_first(set, params)?;
-        let state = state.iter().map(|s| tp.gather_full_to_first(set, s)).collect::<Result<Vec<_>>>()?;
+        let params = self.gather_full_to_first(params)?;
+        let state = state.iter().map(|s| self.gather_full_to_first(s)).collect::<Result<Vec<_>>>()?;
         let (Some(params), Some(state)) = (params, state.into_iter().collect::<Option<Vec<_>>>()) else {
             return Ok(());
         };
+        let set = self.model.params();
         let ck = Checkpoint {
             step,
             fingerprint: self.fingerprint.clone(),
@@ -117,6 +122,41 @@ impl Context<'_> {
             losses: losses.to_vec(),
         };
         checkpoint::save(&c.path, set, &self.config.optim, &ck)
+    }
+
+    /// The full flat vector of this replica's pieces `local` (over the tensor-parallel group,
+    /// then the pipeline), onto its first rank: `Some` there, `None` elsewhere. Every rank
+    /// of the replica calls it.
+    fn gather_full_to_first(&self, local: &[f32]) -> Result<Option<Vec<f32>>> {
+        let Some(mut full) = self.model.tp().gather_full_to_first(self.model.params(), local)? else {
+            return Ok(None);
+        };
+        // Each stage filled in its own blocks and left the others zero: their sum is the whole.
+        let pp = self.mesh.pp();
+        if pp.size() > 1 {
+            pp.reduce_in_place(&mut full, xccl::ReduceOp::Sum, 0)?;
+        }
+        Ok((pp.rank() == 0).then_some(full))
+    }
+
+    /// The full flat vector of this replica's pieces `local`, on every rank of the replica.
+    fn gather_full(&self, local: &[f32]) -> Result<Vec<f32>> {
+        let mut full = self.model.tp().gather_full(self.model.params(), local)?;
+        let pp = self.mesh.pp();
+        if pp.size() > 1 {
+            pp.all_reduce(&mut full, xccl::ReduceOp::Sum)?;
+        }
+        Ok(full)
+    }
+
+    /// After the data-parallel reduction of a step's gradients: the pipeline's shared
+    /// parameters' gradients summed between their stages, and the step's `loss` (the
+    /// data-parallel sum, known on the last stage) given to every stage.
+    pub fn finish_step(&self, grads: &mut Chunks, loss: f64) -> Result<f64> {
+        match self.pipeline {
+            Some(p) => p.finish_step(grads, loss),
+            None => Ok(loss),
+        }
     }
 
     /// The global batch of `step` and this worker's share of it (worker `index` of `workers`).
@@ -128,8 +168,9 @@ impl Context<'_> {
 
     /// Accumulates into `grads` the gradient of this worker's part of the global mean loss
     /// over its `share`, cut into micro-batches; `last_block_done(k, grads)` is called when
-    /// the backward of the last non-empty micro-batch has finished block `k`. Returns this
-    /// worker's part of the loss.
+    /// the backward of the last non-empty micro-batch has finished block `k` (and every later
+    /// one). Returns this worker's part of the loss and, in a pipeline, what its schedule
+    /// did (the loss is then known on the last stage only).
     pub fn gradients(
         &self,
         share: &Batch,
@@ -137,7 +178,11 @@ impl Context<'_> {
         grads: &mut Chunks,
         trace: &mut Trace,
         mut last_block_done: impl FnMut(usize, &mut Chunks),
-    ) -> Result<f64> {
+    ) -> Result<(f64, Option<PipeStat>)> {
+        if let Some(p) = self.pipeline {
+            let (loss, stat) = p.run(self.model, share, norm, grads, trace, last_block_done)?;
+            return Ok((loss, Some(stat)));
+        }
         let micro: Vec<_> =
             shares(share.rows, self.config.accum).into_iter().filter(|r| !r.is_empty()).collect();
         let mut loss_sum = 0.0;
@@ -156,7 +201,7 @@ impl Context<'_> {
                 Ok(())
             })?;
         }
-        Ok(loss_sum)
+        Ok((loss_sum, None))
     }
 }
 
@@ -240,14 +285,25 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
     let (mesh, config, model) = (cx.mesh, cx.config, cx.model);
     let world = mesh.world();
     model.params().write(&finish.params)?;
-    let full = model.tp().gather_full(model.params(), &finish.params)?;
-    let evaluation = if config.evaluate && mesh.dp().rank() == 0 {
-        let e = trace.span(|| "evaluate".into(), || cx.task.evaluate(model))?;
-        (world.rank() == 0).then_some(e)
-    } else {
-        None
+    let full = cx.gather_full(&finish.params)?;
+    let evaluation = match (config.evaluate, &config.pipeline) {
+        (false, _) => None,
+        // Rank 0 evaluates the whole model, put together from every stage's blocks.
+        (true, Some(_)) if world.rank() == 0 => {
+            let whole = Model::new(&config.model, config.seed)?;
+            whole.params().write(&full)?;
+            Some(trace.span(|| "evaluate".into(), || cx.task.evaluate(&whole))?)
+        }
+        (true, Some(_)) => None,
+        (true, None) if mesh.dp().rank() == 0 => {
+            let e = trace.span(|| "evaluate".into(), || cx.task.evaluate(model))?;
+            (world.rank() == 0).then_some(e)
+        }
+        (true, None) => None,
     };
-    for (label, c) in [("comm tp", mesh.tp()), ("comm dp", mesh.dp()), ("comm world", world)] {
+    let groups =
+        [("comm tp", mesh.tp()), ("comm dp", mesh.dp()), ("comm pp", mesh.pp()), ("comm world", world)];
+    for (label, c) in groups {
         trace.add_ops(label, c.take_timeline());
     }
     let report = RankReport {
@@ -257,6 +313,11 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
         spans: trace.take(),
         params_held: model.params().len(),
         peak_rss_bytes: finish.peak_rss,
+        timeline: finish
+            .timeline
+            .iter()
+            .map(|(n, a, b)| (n.clone(), trace::unix_us(*a), (*b - *a).as_secs_f64() * 1e6))
+            .collect(),
     };
     let reports = gather_reports(world, &report)?;
     let (summary, chrome) = match reports {
@@ -275,6 +336,22 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
             s.evaluation = evaluation;
             s.flops_per_step =
                 crate::model::flops::train_flops_per_step(&config.model, config.batch, cx.task.seq_len());
+            if let (Some(p), Some(pl)) = (&config.pipeline, cx.pipeline) {
+                // The first pipeline: world ranks of stage k at dp 0, tp 0 are k · dp · tp.
+                let per_stage = world.size() / p.stages;
+                let lanes: Vec<usize> = (0..p.stages).map(|k| k * per_stage).collect();
+                let (bubble, timeline) = PipelineFacts::measure(&reports, &lanes);
+                s.pipeline = Some(PipelineFacts {
+                    schedule: p.schedule.to_string(),
+                    stages: p.stages,
+                    micro_batches: config.accum,
+                    virtual_stages: p.virtual_stages,
+                    recompute: p.recompute,
+                    bubble_schedule: pl.schedule().closed_form_bubble(),
+                    bubble_measured: bubble,
+                    timeline,
+                });
+            }
             let spans: Vec<_> = reports.into_iter().map(|r| r.spans).collect();
             (Some(s), config.trace.then(|| trace::chrome_json(&spans)))
         }

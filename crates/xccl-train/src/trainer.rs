@@ -1,9 +1,11 @@
-//! [`train`]: a training run composed of its parts. The world becomes a mesh
-//! (data-parallel × tensor-parallel, [`crate::mesh`]); the model is built for this rank's
-//! tensor-parallel group ([`crate::tp`]); a data-parallel strategy ([`crate::ddp`] or
-//! [`crate::ps`]) runs the steps over the data-parallel group; [`crate::run`] starts and
-//! ends it. The strategies never see each other: DDP reduces whatever parameters the
-//! model holds, whole or tensor-parallel pieces.
+//! [`train`]: a training run composed of its parts. The world becomes a mesh (pipeline ×
+//! data-parallel × tensor-parallel, [`crate::mesh`]); the model, or this rank's pipeline
+//! stage of it ([`crate::pipeline`]), is built for this rank's tensor-parallel group
+//! ([`crate::tp`]); a data-parallel strategy ([`crate::ddp`] or [`crate::ps`]) runs the
+//! steps over the data-parallel group; [`crate::run`] starts and ends it. The strategies
+//! never see each other: DDP reduces whatever parameters the model holds, whole, a
+//! stage's blocks or tensor-parallel pieces, and a pipeline only replaces how one step's
+//! gradients are computed.
 
 use std::time::Instant;
 
@@ -18,7 +20,7 @@ use crate::model::Model;
 use crate::run::{self, Context};
 use crate::tp::Tp;
 use crate::trace::Trace;
-use crate::{ddp, ps};
+use crate::{ddp, pipeline, ps};
 
 /// Trains as one rank of `world` (every rank calls this with the same configuration),
 /// telling `observer` how it goes. Returns the final parameters on every rank; rank 0 also
@@ -28,18 +30,30 @@ pub fn train(world: &Communicator, config: &TrainConfig, observer: &mut dyn Obse
     let task = config.task.load()?;
     config.validate(task.as_ref())?;
     let dp = config.dp(world.size())?;
-    let mesh = Mesh::new(world, &[(Axis::Dp, dp), (Axis::Tp, config.tp)])?;
+    let mesh = Mesh::new(world, &[(Axis::Pp, config.pp()), (Axis::Dp, dp), (Axis::Tp, config.tp)])?;
     let tp = Tp::new(mesh.tp().clone(), config.sp);
-    let model = Model::with_tp(&config.model, config.seed, &tp)?;
-    for c in [mesh.tp(), mesh.dp(), world] {
+    let (model, pipeline) = match &config.pipeline {
+        Some(p) => {
+            let (model, pipeline) = pipeline::build(&mesh, config, p, &tp, task.as_ref())?;
+            (model, Some(pipeline))
+        }
+        None => (Model::with_tp(&config.model, config.seed, &tp)?, None),
+    };
+    for c in [mesh.tp(), mesh.dp(), mesh.pp(), world] {
         c.record_timeline(config.trace);
     }
-    let mut trace = Trace::new("compute", config.trace);
+    // In a pipeline, each stage's compute is its own lane of the trace.
+    let lane = match &config.pipeline {
+        Some(_) => format!("stage {}", mesh.coord(Axis::Pp)),
+        None => "compute".to_string(),
+    };
+    let mut trace = Trace::new(lane, config.trace);
     let mut cx = Context {
         mesh: &mesh,
         config,
         task: task.as_ref(),
         model: &model,
+        pipeline: pipeline.as_ref(),
         fingerprint: config.fingerprint(task.as_ref()),
         started: Instant::now(),
     };

@@ -22,8 +22,14 @@ use crate::tp::{ColumnParallelLinear, RowParallelLinear, Tp, VocabParallelEmbedd
 /// Standard deviation of initial weights (GPT-2's).
 const STD: f32 = 0.02;
 
-/// Builds the blocks of a GPT for `cfg`, this rank's part of them for group `tp`.
-pub fn build(cfg: &ModelConfig, init: &mut Init, tp: &Tp) -> Result<Vec<Box<dyn Block>>> {
+/// Builds the blocks of a GPT for `cfg`, this rank's part of them for group `tp`, handing
+/// each to `emit` in order as soon as it is built.
+pub fn build(
+    cfg: &ModelConfig,
+    init: &mut Init,
+    tp: &Tp,
+    emit: &mut dyn FnMut(Box<dyn Block>) -> Result<()>,
+) -> Result<()> {
     if cfg.heads == 0 || !cfg.width.is_multiple_of(cfg.heads) {
         return Err(Error::config(format!(
             "--width {} must be a multiple of --heads {} (each head gets width / heads features)",
@@ -33,14 +39,13 @@ pub fn build(cfg: &ModelConfig, init: &mut Init, tp: &Tp) -> Result<Vec<Box<dyn 
     Tp::check_sizes(tp.size(), false, cfg.heads, 0)?;
     let embed = Embed::new(cfg, init, tp)?;
     let tok = embed.tok.table().clone();
-    let mut blocks: Vec<Box<dyn Block>> = vec![Box::new(embed)];
+    emit(Box::new(embed))?;
     // Residual projections are scaled down with depth, as in GPT-2.
     let residual_std = STD / (2.0 * cfg.layers as f32).sqrt();
     for l in 0..cfg.layers {
-        blocks.push(Box::new(Layer::new(cfg, init, l, residual_std, tp)?));
+        emit(Box::new(Layer::new(cfg, init, l, residual_std, tp)?))?;
     }
-    blocks.push(Box::new(Head::new(cfg, init, cfg.tied.then_some(tok), tp)?));
-    Ok(blocks)
+    emit(Box::new(Head::new(cfg, init, cfg.tied.then_some(tok), tp)?))
 }
 
 /// Token and position embeddings: ids `[rows, len]` to `[rows, len, width]` (with sequence

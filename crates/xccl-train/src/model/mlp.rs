@@ -17,8 +17,12 @@ pub fn embed_width(cfg: &ModelConfig) -> usize {
     (cfg.width / 4).max(4)
 }
 
-/// Builds the blocks of an MLP for `cfg`.
-pub fn build(cfg: &ModelConfig, init: &mut Init) -> Result<Vec<Box<dyn Block>>> {
+/// Builds the blocks of an MLP for `cfg`, handing each to `emit` in order.
+pub fn build(
+    cfg: &ModelConfig,
+    init: &mut Init,
+    emit: &mut dyn FnMut(Box<dyn Block>) -> Result<()>,
+) -> Result<()> {
     if cfg.tied {
         return Err(Error::config("--tied applies to --model gpt only (the MLP's head reads hidden units)"));
     }
@@ -27,21 +31,19 @@ pub fn build(cfg: &ModelConfig, init: &mut Init) -> Result<Vec<Box<dyn Block>>> 
     }
     let e = embed_width(cfg);
     let tok = init.normal("embed.tok".into(), &[cfg.vocab, e], 1.0)?;
-    let mut blocks: Vec<Box<dyn Block>> =
-        vec![Box::new(Window { tok: tok.tensor().clone(), params: vec![tok], context: cfg.context })];
+    emit(Box::new(Window { tok: tok.tensor().clone(), params: vec![tok], context: cfg.context }))?;
     let mut inputs = cfg.context * e;
     for l in 0..cfg.layers {
         let name = format!("h{l:02}");
         let mut params = Vec::new();
         let std = (1.0 / inputs as f32).sqrt();
         let linear = init.linear(&mut params, &format!("{name}.fc"), inputs, cfg.width, std)?;
-        blocks.push(Box::new(Hidden { name, linear, params }));
+        emit(Box::new(Hidden { name, linear, params }))?;
         inputs = cfg.width;
     }
     let mut params = Vec::new();
     let linear = init.linear(&mut params, "head.out", inputs, cfg.vocab, (1.0 / inputs as f32).sqrt())?;
-    blocks.push(Box::new(Output { linear, params }));
-    Ok(blocks)
+    emit(Box::new(Output { linear, params }))
 }
 
 /// Ids `[rows, len]` to `[rows, len, context * embed]`: position `t` holds the embeddings of

@@ -14,12 +14,15 @@ pub mod mlp;
 pub mod ops;
 pub mod softmax;
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use candle_core::{D, Tensor, Var};
 
 pub use block::{Block, Init, ids_tensor};
 
 use crate::error::{Error, Result};
-use crate::params::{Param, ParamSet, Shard};
+use crate::params::{Layout, Param, ParamSet, Shard};
 use crate::tp::{self, Tp};
 use crate::trace::Trace;
 
@@ -74,10 +77,15 @@ pub enum Graph {
     Whole,
 }
 
-/// A model: its blocks and its parameters in their fixed order.
+/// A model, or the part of it a pipeline stage holds: its blocks and its parameters in
+/// their fixed order.
 pub struct Model {
     config: ModelConfig,
     blocks: Vec<Box<dyn Block>>,
+    /// For each block, its index in the whole model.
+    global: Vec<usize>,
+    /// Blocks in the whole model.
+    whole: usize,
     params: ParamSet,
     /// The tensor-parallel group the blocks were built for.
     tp: Tp,
@@ -117,6 +125,16 @@ impl Model {
     /// This rank's part of the model for `config` in tensor-parallel group `tp`: its
     /// parameters are exact pieces of those [`Model::new`] draws from the same `seed`.
     pub fn with_tp(config: &ModelConfig, seed: u64, tp: &Tp) -> Result<Model> {
+        Model::part(config, seed, tp, None)
+    }
+
+    /// The blocks `keep` (indices in the whole model, increasing; `None`: all) of the model
+    /// for `config` in tensor-parallel group `tp`, as a pipeline stage holds them. Every
+    /// block is drawn in turn from the generator seeded with `seed`, so the values are the
+    /// whole model's; a block outside `keep` is dropped as soon as it is built. A block that
+    /// shares a parameter owned by a dropped block (a tied head on the last stage) holds a
+    /// copy of it (a [mirror](crate::params::Slot::mirror)).
+    pub fn part(config: &ModelConfig, seed: u64, tp: &Tp, keep: Option<&[usize]>) -> Result<Model> {
         for (what, v) in
             [("--width", config.width), ("--context", config.context), ("vocabulary", config.vocab)]
         {
@@ -125,20 +143,72 @@ impl Model {
             }
         }
         let mut init = Init::new(seed);
-        let blocks = match config.kind {
-            ModelKind::Gpt => gpt::build(config, &mut init, tp)?,
+        let mut blocks = Vec::new();
+        let mut global = Vec::new();
+        let mut names: Vec<Vec<(String, Vec<usize>)>> = Vec::new();
+        let mut shared = Vec::new();
+        let mut emit = |b: Box<dyn Block>| -> Result<()> {
+            let k = names.len();
+            names.push(b.params().iter().map(|p| (p.name().to_string(), p.full_shape().to_vec())).collect());
+            shared.extend(b.shared().iter().map(|p| (k, p.name().to_string())));
+            if keep.is_none_or(|ks| ks.contains(&k)) {
+                blocks.push(b);
+                global.push(k);
+            }
+            Ok(())
+        };
+        match config.kind {
+            ModelKind::Gpt => gpt::build(config, &mut init, tp, &mut emit)?,
             ModelKind::Mlp if tp.size() > 1 => {
                 return Err(Error::config("tensor parallelism (--tp) applies to --model gpt only"));
             }
-            ModelKind::Mlp => mlp::build(config, &mut init)?,
+            ModelKind::Mlp => mlp::build(config, &mut init, &mut emit)?,
         };
-        Model::from_blocks(config.clone(), blocks, tp.clone())
+        let mut layout =
+            Layout::new(names.iter().map(|ps| ps.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect()));
+        for (k, name) in &shared {
+            layout.share(*k, name);
+        }
+        Model::assemble(config.clone(), blocks, global, Arc::new(layout), tp.clone())
     }
 
-    /// A model from blocks built elsewhere for tensor-parallel group `tp`.
+    /// A whole model from blocks built elsewhere for tensor-parallel group `tp`.
     pub fn from_blocks(config: ModelConfig, blocks: Vec<Box<dyn Block>>, tp: Tp) -> Result<Model> {
-        let owned_params: Vec<&[Param]> = blocks.iter().map(|b| b.params()).collect();
-        let params = ParamSet::new(&owned_params)?;
+        let mut layout = Layout::new(
+            blocks.iter().map(|b| b.params().iter().map(|p| (p.name(), p.full_shape())).collect()),
+        );
+        for (k, b) in blocks.iter().enumerate() {
+            for p in b.shared() {
+                layout.share(k, p.name());
+            }
+        }
+        let global = (0..blocks.len()).collect();
+        Model::assemble(config, blocks, global, Arc::new(layout), tp)
+    }
+
+    fn assemble(
+        config: ModelConfig,
+        blocks: Vec<Box<dyn Block>>,
+        global: Vec<usize>,
+        layout: Arc<Layout>,
+        tp: Tp,
+    ) -> Result<Model> {
+        let whole = layout.entries().iter().map(|e| e.block + 1).max().unwrap_or(0).max(blocks.len());
+        // A shared parameter no block here owns belongs to a block of another stage: the
+        // block that uses it holds a copy.
+        let mut owned_params: Vec<Vec<Param>> = blocks.iter().map(|b| b.params().to_vec()).collect();
+        let mine = |p: &Param, owned: &[Vec<Param>]| {
+            owned.iter().flatten().any(|q| q.tensor().id() == p.tensor().id())
+        };
+        for (k, b) in blocks.iter().enumerate() {
+            for p in b.shared() {
+                if !mine(p, &owned_params) && layout.get(p.name()).is_some() {
+                    owned_params[k].push(p.clone());
+                }
+            }
+        }
+        let refs: Vec<&[Param]> = owned_params.iter().map(Vec::as_slice).collect();
+        let params = ParamSet::part(&refs, &global, layout)?;
         let mut used = Vec::new();
         let mut owned = Vec::new();
         for (k, b) in blocks.iter().enumerate() {
@@ -151,10 +221,13 @@ impl Model {
                     ))
                 })
             };
-            let own = b.params().iter().map(index).collect::<Result<Vec<_>>>()?;
+            let own = owned_params[k].iter().map(index).collect::<Result<Vec<_>>>()?;
             let mut all = own.clone();
             for p in b.shared() {
                 let i = index(p)?;
+                if own.contains(&i) {
+                    continue;
+                }
                 if params.slots()[i].block >= k {
                     return Err(Error::config(format!(
                         "block {} shares {}, which a later block owns: shared parameters must belong to an earlier block",
@@ -167,7 +240,17 @@ impl Model {
             used.push(all);
             owned.push(own);
         }
-        Ok(Model { config, blocks, params, tp, used, owned })
+        Ok(Model { config, blocks, global, whole, params, tp, used, owned })
+    }
+
+    /// For each block, its index in the whole model.
+    pub fn global_blocks(&self) -> &[usize] {
+        &self.global
+    }
+
+    /// The number of blocks of the whole model.
+    pub fn whole_blocks(&self) -> usize {
+        self.whole
     }
 
     /// The tensor-parallel group it was built for.
@@ -267,50 +350,87 @@ impl Model {
         mut done: impl FnMut(usize, BlockGrads) -> Result<()>,
     ) -> Result<()> {
         let n = self.blocks.len();
-        let collect = |store: &candle_core::backprop::GradStore, which: &[usize]| -> Result<BlockGrads> {
-            which
-                .iter()
-                .map(|&i| {
-                    let slot = &self.params.slots()[i];
-                    store.get(slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
-                        Error::internal(format!("parameter {} received no gradient", slot.param.name()))
-                    })
-                })
-                .collect()
-        };
         if fwd.graph == Graph::Whole {
             let store = trace.span(|| "bwd model".to_string(), || loss.backward())?;
             for k in (0..n).rev() {
-                done(k, self.complete(collect(&store, &self.owned[k])?)?)?;
+                done(k, self.complete(self.collect(&store, &self.owned[k])?)?)?;
             }
             return Ok(());
         }
         let mut grad_out: Option<Tensor> = None;
         for k in (0..n).rev() {
             let name = self.blocks[k].name();
+            if k > 0 && fwd.inputs[k].is_none() {
+                return Err(Error::internal("blockwise input lost"));
+            }
+            let output = if k + 1 == n { loss } else { &fwd.outputs[k] };
             // The span covers the block's backward and the hand-over of its gradients.
             grad_out = trace.span(
                 || format!("bwd {name}"),
                 || -> Result<Option<Tensor>> {
-                    let store = match &grad_out {
-                        None => loss.backward(),
-                        Some(g) => (&fwd.outputs[k] * g)?.sum_all()?.backward(),
-                    }?;
-                    let below = match &fwd.inputs[k] {
-                        Some(input) if k > 0 => {
-                            Some(store.get(input.as_tensor()).cloned().ok_or_else(|| {
-                                Error::internal(format!("no gradient reached the input of block {name}"))
-                            })?)
-                        }
-                        None if k > 0 => return Err(Error::internal("blockwise input lost")),
-                        _ => None,
-                    };
-                    done(k, self.complete(collect(&store, &self.used[k])?)?)?;
+                    let (grads, below) =
+                        self.backward_blocks(k..k + 1, output, grad_out.as_ref(), fwd.inputs[k].as_ref())?;
+                    done(k, grads)?;
                     Ok(below)
                 },
             )?;
         }
         Ok(())
+    }
+
+    /// Runs blocks `blocks` (indices in this model) as one graph on `input`: token ids for
+    /// the model's first block, else the output of the block before (a pipeline stage's
+    /// forward).
+    pub fn forward_blocks(&self, blocks: Range<usize>, input: &Tensor) -> Result<Tensor> {
+        let mut x = input.clone();
+        for b in &self.blocks[blocks] {
+            x = b.forward(&x)?;
+        }
+        Ok(x)
+    }
+
+    /// Backward through blocks `blocks`, which ran from `input` to `output`: `grad` is the
+    /// gradient of `output`, or `None` when `output` is the loss. Returns the gradients of
+    /// the parameters the blocks use (shared ones included, summed over the blocks) and the
+    /// gradient of `input` when it is a variable.
+    pub fn backward_blocks(
+        &self,
+        blocks: Range<usize>,
+        output: &Tensor,
+        grad: Option<&Tensor>,
+        input: Option<&Var>,
+    ) -> Result<(BlockGrads, Option<Tensor>)> {
+        let store = match grad {
+            None => output.backward()?,
+            Some(g) => (output * g)?.sum_all()?.backward()?,
+        };
+        let mut which: Vec<usize> = blocks.flat_map(|k| self.used[k].iter().copied()).collect();
+        which.sort_unstable();
+        which.dedup();
+        let grads = self.complete(self.collect(&store, &which)?)?;
+        let below = match input {
+            Some(v) => Some(
+                store
+                    .get(v.as_tensor())
+                    .cloned()
+                    .ok_or_else(|| Error::internal("no gradient reached the input of the blocks"))?,
+            ),
+            None => None,
+        };
+        Ok((grads, below))
+    }
+
+    /// The gradients in `store` of parameters `which` (indices in the parameter set).
+    fn collect(&self, store: &candle_core::backprop::GradStore, which: &[usize]) -> Result<BlockGrads> {
+        which
+            .iter()
+            .map(|&i| {
+                let slot = &self.params.slots()[i];
+                store.get(slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
+                    Error::internal(format!("parameter {} received no gradient", slot.param.name()))
+                })
+            })
+            .collect()
     }
 }
 

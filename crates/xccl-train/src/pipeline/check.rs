@@ -1,0 +1,715 @@
+//! The checker: runs every rank's action list of a [`Schedule`] and proves it correct, in the
+//! spirit of the collectives' symbolic verifier ([`xccl::verify`]).
+//!
+//! Every rank executes its list in order. Sends are asynchronous: they put a [`Message`]
+//! (what it carries, its micro-batch, the global stage it leaves) on a FIFO channel per
+//! ordered pair of ranks and [`Payload`] (as a tag per payload would keep them apart on the
+//! wire). Receives block until their channel holds a message, which must be the one they
+//! expect. The run proves:
+//!
+//! 1. every list ends with its only [`Action::OptimizerStep`], and by then the rank has run
+//!    the forward and the backward of each of its `(micro-batch, chunk)` pairs exactly once,
+//!    and sent each activation and gradient its neighbours need ([`Violation::End`],
+//!    [`Fault::Repeated`]);
+//! 2. the `k`-th receive on a channel takes the `k`-th send, with the micro-batch and global
+//!    stage it expects, from and to the ranks of the neighbouring global stages
+//!    ([`Fault::Mismatch`], [`Fault::WrongPeer`], [`Fault::NoSuchMessage`]); every send has
+//!    its receive since each message is sent at most once and each of the receiver's forwards
+//!    and backwards needs the receive of its one message;
+//! 3. no deadlock: when no rank can progress before all are done, [`Violation::Deadlock`]
+//!    names the blocked ranks and the receives they wait at;
+//! 4. on every rank a backward follows its forward, a forward not on global stage 0 its
+//!    activation's receive, a backward not on the last global stage its gradient's receive,
+//!    and a send the computation of what it sends ([`Fault::Early`]);
+//! 5. a rank never holds more activations (forwards done whose backward is not) than
+//!    [`Schedule::activation_bound`] ([`Violation::Memory`]);
+//! 6. timing, with costs in integer units: a chunk's forward 1, its backward 2, communication
+//!    free; a rank's clock advances by its computations and a receive moves it to the time
+//!    its message was sent (a computation starts when its rank is free and its inputs have
+//!    arrived). With makespan `T` (the largest clock at the optimiser steps) and every rank
+//!    busy `3·m·v`, the bubble `1 − 3·m·v / T` must equal [`Schedule::bubble_ratio`] exactly,
+//!    compared as integers ([`Violation::Bubble`]).
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use super::schedule::{Action, Kind, Schedule, Shape};
+
+/// The cost of a chunk's forward, in time units.
+const FORWARD_COST: u64 = 1;
+/// The cost of a chunk's backward, in time units.
+const BACKWARD_COST: u64 = 2;
+
+/// What a schedule does, once [`check`]ed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Report {
+    /// The most activations a rank held at once (the largest over ranks).
+    pub max_activations: usize,
+    /// [`Schedule::activation_bound`].
+    pub activation_bound: usize,
+    /// The simulated step time, in units of a chunk's forward.
+    pub makespan: u64,
+    /// Each rank's computing time in the step: `3·m·v` units.
+    pub busy: u64,
+    /// The simulated bubble fraction, `1 − busy / makespan`.
+    pub simulated_bubble: f64,
+    /// [`Schedule::closed_form_bubble`].
+    pub closed_form_bubble: f64,
+}
+
+/// What a message carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A forward's output, to the next global stage.
+    Activation,
+    /// The gradient of a backward's input, to the previous global stage.
+    Gradient,
+}
+
+/// A message between two ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// What it carries.
+    pub payload: Payload,
+    /// Its micro-batch.
+    pub mb: usize,
+    /// The global stage it leaves.
+    pub stage: usize,
+}
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.payload {
+            Payload::Activation => "activation",
+            Payload::Gradient => "gradient",
+        };
+        write!(f, "{what} of micro-batch {} from global stage {}", self.mb, self.stage)
+    }
+}
+
+/// What an action needs to have happened before it on its rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// The forward of its micro-batch and chunk.
+    Forward,
+    /// The backward of its micro-batch and chunk.
+    Backward,
+    /// The receive of its forward's input activation.
+    Activation,
+    /// The receive of its backward's output gradient.
+    Gradient,
+}
+
+/// What is wrong with one action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Its micro-batch, chunk or peer is outside the schedule's shape.
+    OutOfRange,
+    /// It sends to or receives from a rank that does not hold the neighbouring global stage,
+    /// which is on rank `expected`.
+    WrongPeer {
+        /// The rank of the neighbouring global stage.
+        expected: usize,
+    },
+    /// No such message exists: no activation leaves the last global stage or enters global
+    /// stage 0, no gradient leaves global stage 0 or enters the last one.
+    NoSuchMessage,
+    /// The same action ran before on this rank.
+    Repeated,
+    /// It comes before what it needs.
+    Early(Need),
+    /// A receive whose channel's next message is another one.
+    Mismatch {
+        /// The message the receive is for.
+        expected: Message,
+        /// The next message on the channel.
+        got: Message,
+    },
+    /// An optimiser step before the end of the list.
+    EarlyStep,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::OutOfRange => f.write_str("its micro-batch, chunk or peer is out of range for the shape"),
+            Fault::WrongPeer { expected } => {
+                write!(f, "wrong peer: the neighbouring global stage is on rank {expected}")
+            }
+            Fault::NoSuchMessage => f.write_str(
+                "no such message: no activation leaves the last global stage or enters stage 0, \
+                 no gradient leaves stage 0 or enters the last one",
+            ),
+            Fault::Repeated => f.write_str("it already ran on this rank"),
+            Fault::Early(need) => f.write_str(match need {
+                Need::Forward => "it comes before the forward of its micro-batch and chunk",
+                Need::Backward => "it comes before the backward of its micro-batch and chunk",
+                Need::Activation => "it comes before the receive of its input activation",
+                Need::Gradient => "it comes before the receive of its output gradient",
+            }),
+            Fault::Mismatch { expected, got } => {
+                write!(f, "it expects the {expected}, but the next message on its channel is the {got}")
+            }
+            Fault::EarlyStep => f.write_str("an optimiser step before the end of the list"),
+        }
+    }
+}
+
+/// A rank stuck at a receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// The rank.
+    pub rank: usize,
+    /// The index of the receive in its list.
+    pub index: usize,
+    /// The receive.
+    pub action: Action,
+}
+
+/// Why a schedule is wrong: which rank, which action, what.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Violation {
+    /// The shape is one [`Schedule::new`] rejects, or there is not one list per rank.
+    Shape(String),
+    /// Action `index` of `rank`'s list is wrong where it stands.
+    Action {
+        /// The rank.
+        rank: usize,
+        /// The action's index in the rank's list.
+        index: usize,
+        /// The action.
+        action: Action,
+        /// What is wrong.
+        fault: Fault,
+    },
+    /// `rank`'s list does not end with its optimiser step (`missing` is
+    /// [`Action::OptimizerStep`]), or reaches it without having run `missing`.
+    End {
+        /// The rank.
+        rank: usize,
+        /// The missing action.
+        missing: Action,
+    },
+    /// No rank can progress before all are done.
+    Deadlock {
+        /// The ranks not done, each at the receive it waits at.
+        blocked: Vec<Blocked>,
+    },
+    /// A forward makes `rank` hold more activations than the schedule's bound.
+    Memory {
+        /// The rank.
+        rank: usize,
+        /// The index of the forward in its list.
+        index: usize,
+        /// Activations held after it.
+        held: usize,
+        /// [`Schedule::activation_bound`].
+        bound: usize,
+    },
+    /// The simulated bubble differs from the closed form.
+    Bubble {
+        /// The simulated step time.
+        makespan: u64,
+        /// Each rank's computing time.
+        busy: u64,
+        /// [`Schedule::bubble_ratio`].
+        closed_form: (usize, usize),
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Shape(msg) => write!(f, "invalid schedule: {msg}"),
+            Violation::Action { rank, index, action, fault } => {
+                write!(f, "rank {rank}, action {index} ({action}): {fault}")
+            }
+            Violation::End { rank, missing: Action::OptimizerStep } => {
+                write!(f, "rank {rank}: its list does not end with the optimiser step")
+            }
+            Violation::End { rank, missing } => {
+                write!(f, "rank {rank} reaches its optimiser step without {missing}")
+            }
+            Violation::Deadlock { blocked } => {
+                f.write_str("deadlock: no rank can progress:")?;
+                for (i, b) in blocked.iter().enumerate() {
+                    let sep = if i == 0 { " " } else { ", " };
+                    write!(f, "{sep}rank {} waits at action {} ({})", b.rank, b.index, b.action)?;
+                }
+                Ok(())
+            }
+            Violation::Memory { rank, index, held, bound } => write!(
+                f,
+                "rank {rank}, action {index}: holds {held} activations, more than the schedule's \
+                 bound {bound}"
+            ),
+            Violation::Bubble { makespan, busy, closed_form: (num, den) } => write!(
+                f,
+                "simulated step time {makespan} with {busy} busy per rank: bubble {}/{makespan} = {:.6}, \
+                 but the closed form is {num}/{den} = {:.6}",
+                makespan - busy,
+                (makespan - busy) as f64 / *makespan as f64,
+                *num as f64 / *den as f64
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// Flags of one `(micro-batch, chunk)` pair on its rank: what has run.
+const FORWARD: u8 = 1;
+const BACKWARD: u8 = 2;
+const GOT_ACTIVATION: u8 = 4;
+const GOT_GRADIENT: u8 = 8;
+const SENT_ACTIVATION: u8 = 16;
+const SENT_GRADIENT: u8 = 32;
+
+/// One rank's state in the run.
+#[derive(Clone, Default)]
+struct RankState {
+    /// The next action's index.
+    next: usize,
+    /// The time its next action may start.
+    clock: u64,
+    /// Activations held now, and at most.
+    held: usize,
+    peak: usize,
+    /// The channel it waits on, if blocked.
+    waiting: Option<usize>,
+    /// Per `mb·v + chunk`: the flags above.
+    done: Vec<u8>,
+}
+
+/// What running one action did.
+enum Outcome {
+    Ran,
+    Blocked(usize),
+}
+
+/// The run of a whole schedule.
+struct Run<'a> {
+    s: &'a Schedule,
+    bound: usize,
+    ranks: Vec<RankState>,
+    /// Per `(from·p + to)·2 + payload`: the messages in flight, with their send times.
+    channels: Vec<VecDeque<(Message, u64)>>,
+    /// Ranks that may progress.
+    ready: VecDeque<usize>,
+}
+
+/// The index of the channel from rank `from` to rank `to` for `payload`, of `stages` ranks.
+fn channel(stages: usize, from: usize, to: usize, payload: Payload) -> usize {
+    (from * stages + to) * 2 + usize::from(payload == Payload::Gradient)
+}
+
+impl Run<'_> {
+    /// Runs `rank`'s actions until it blocks, finishes or fails.
+    fn advance(&mut self, rank: usize) -> Result<(), Violation> {
+        let list = &self.s.ranks[rank];
+        while let Some(&action) = list.get(self.ranks[rank].next) {
+            let index = self.ranks[rank].next;
+            match self.step(rank, index, action)? {
+                Outcome::Ran => self.ranks[rank].next += 1,
+                Outcome::Blocked(channel) => {
+                    self.ranks[rank].waiting = Some(channel);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs action `index` of `rank`'s list.
+    fn step(&mut self, rank: usize, index: usize, action: Action) -> Result<Outcome, Violation> {
+        let fail = |fault| Err(Violation::Action { rank, index, action, fault });
+        let (mb, chunk, peer) = match action {
+            Action::Forward { mb, chunk } | Action::Backward { mb, chunk } => (mb, chunk, 0),
+            Action::SendActivation { mb, chunk, peer }
+            | Action::RecvActivation { mb, chunk, peer }
+            | Action::SendGradient { mb, chunk, peer }
+            | Action::RecvGradient { mb, chunk, peer } => (mb, chunk, peer),
+            Action::OptimizerStep => return self.optimizer_step(rank, index).map(|()| Outcome::Ran),
+        };
+        let shape = self.s.shape;
+        if mb >= shape.micro_batches || chunk >= shape.virtual_stages || peer >= shape.stages {
+            return fail(Fault::OutOfRange);
+        }
+        let g = shape.global_stage(rank, chunk);
+        let last = shape.global_stages() - 1;
+        let pair = mb * shape.virtual_stages + chunk;
+        let done = self.ranks[rank].done[pair];
+        let (sets, needs, message): (u8, &[(u8, Need)], _) = match action {
+            Action::Forward { .. } if g > 0 => (FORWARD, &[(GOT_ACTIVATION, Need::Activation)], None),
+            Action::Forward { .. } => (FORWARD, &[], None),
+            Action::Backward { .. } if g < last => {
+                (BACKWARD, &[(FORWARD, Need::Forward), (GOT_GRADIENT, Need::Gradient)], None)
+            }
+            Action::Backward { .. } => (BACKWARD, &[(FORWARD, Need::Forward)], None),
+            Action::SendActivation { .. } => {
+                (SENT_ACTIVATION, &[(FORWARD, Need::Forward)], Some((Payload::Activation, true)))
+            }
+            Action::RecvActivation { .. } => (GOT_ACTIVATION, &[], Some((Payload::Activation, false))),
+            Action::SendGradient { .. } => {
+                (SENT_GRADIENT, &[(BACKWARD, Need::Backward)], Some((Payload::Gradient, true)))
+            }
+            _ => (GOT_GRADIENT, &[], Some((Payload::Gradient, false))),
+        };
+        // A message's other end, the next stage for an activation sent or a gradient
+        // received, the previous one otherwise; and the stage it leaves.
+        let route = match message {
+            Some((payload, send)) => {
+                let next = (payload == Payload::Activation) == send;
+                let other = if next { (g < last).then(|| g + 1) } else { g.checked_sub(1) };
+                let Some(other) = other else { return fail(Fault::NoSuchMessage) };
+                let expected = shape.locate(other).0;
+                if peer != expected {
+                    return fail(Fault::WrongPeer { expected });
+                }
+                Some((payload, send, if send { g } else { other }))
+            }
+            None => None,
+        };
+        if done & sets != 0 {
+            return fail(Fault::Repeated);
+        }
+        if let Some(&(_, need)) = needs.iter().find(|(flag, _)| done & flag == 0) {
+            return fail(Fault::Early(need));
+        }
+        let state = &mut self.ranks[rank];
+        match route {
+            None if sets == FORWARD => {
+                state.clock += FORWARD_COST;
+                state.held += 1;
+                state.peak = state.peak.max(state.held);
+                if state.held > self.bound {
+                    return Err(Violation::Memory { rank, index, held: state.held, bound: self.bound });
+                }
+            }
+            None => {
+                state.clock += BACKWARD_COST;
+                state.held -= 1;
+            }
+            Some((payload, true, stage)) => {
+                let message = (Message { payload, mb, stage }, state.clock);
+                let channel = channel(shape.stages, rank, peer, payload);
+                self.channels[channel].push_back(message);
+                if self.ranks[peer].waiting == Some(channel) {
+                    self.ranks[peer].waiting = None;
+                    self.ready.push_back(peer);
+                }
+            }
+            Some((payload, false, stage)) => {
+                let channel = channel(shape.stages, peer, rank, payload);
+                let Some(&(got, sent)) = self.channels[channel].front() else {
+                    return Ok(Outcome::Blocked(channel));
+                };
+                let expected = Message { payload, mb, stage };
+                if got != expected {
+                    return fail(Fault::Mismatch { expected, got });
+                }
+                self.channels[channel].pop_front();
+                state.clock = state.clock.max(sent);
+            }
+        }
+        self.ranks[rank].done[pair] |= sets;
+        Ok(Outcome::Ran)
+    }
+
+    /// The optimiser step, action `index` of `rank`: last, after all the rank's work.
+    fn optimizer_step(&self, rank: usize, index: usize) -> Result<(), Violation> {
+        if index + 1 != self.s.ranks[rank].len() {
+            return Err(Violation::Action {
+                rank,
+                index,
+                action: Action::OptimizerStep,
+                fault: Fault::EarlyStep,
+            });
+        }
+        let shape = self.s.shape;
+        let last = shape.global_stages() - 1;
+        let v = shape.virtual_stages;
+        for (pair, &done) in self.ranks[rank].done.iter().enumerate() {
+            let (mb, chunk) = (pair / v, pair % v);
+            let g = shape.global_stage(rank, chunk);
+            let missing = if done & FORWARD == 0 {
+                Action::Forward { mb, chunk }
+            } else if done & BACKWARD == 0 {
+                Action::Backward { mb, chunk }
+            } else if g < last && done & SENT_ACTIVATION == 0 {
+                Action::SendActivation { mb, chunk, peer: shape.locate(g + 1).0 }
+            } else if g > 0 && done & SENT_GRADIENT == 0 {
+                Action::SendGradient { mb, chunk, peer: shape.locate(g - 1).0 }
+            } else {
+                continue;
+            };
+            return Err(Violation::End { rank, missing });
+        }
+        Ok(())
+    }
+}
+
+/// Runs `s` and proves it correct (see the module documentation), or says where it is wrong.
+pub fn check(s: &Schedule) -> Result<Report, Violation> {
+    let shape = s.shape;
+    shape.validate(s.kind).map_err(|e| Violation::Shape(e.to_string()))?;
+    let p = shape.stages;
+    if s.ranks.len() != p {
+        return Err(Violation::Shape(format!("{} action lists for {p} pipeline stages", s.ranks.len())));
+    }
+    for (rank, list) in s.ranks.iter().enumerate() {
+        if list.last() != Some(&Action::OptimizerStep) {
+            return Err(Violation::End { rank, missing: Action::OptimizerStep });
+        }
+    }
+    let pairs = shape.micro_batches * shape.virtual_stages;
+    let mut run = Run {
+        s,
+        bound: s.activation_bound(),
+        ranks: vec![RankState { done: vec![0; pairs], ..RankState::default() }; p],
+        channels: vec![VecDeque::new(); p * p * 2],
+        ready: (0..p).collect(),
+    };
+    while let Some(rank) = run.ready.pop_front() {
+        run.advance(rank)?;
+    }
+    let blocked: Vec<Blocked> = (0..p)
+        .filter_map(|rank| {
+            let index = run.ranks[rank].next;
+            s.ranks[rank].get(index).map(|&action| Blocked { rank, index, action })
+        })
+        .collect();
+    if !blocked.is_empty() {
+        return Err(Violation::Deadlock { blocked });
+    }
+    let makespan = run.ranks.iter().map(|r| r.clock).max().unwrap_or(0);
+    let busy = pairs as u64 * (FORWARD_COST + BACKWARD_COST);
+    let (num, den) = s.bubble_ratio();
+    // (makespan − busy) / makespan = num / den, in integers.
+    if u128::from(makespan - busy) * den as u128 != num as u128 * u128::from(makespan) {
+        return Err(Violation::Bubble { makespan, busy, closed_form: (num, den) });
+    }
+    Ok(Report {
+        max_activations: run.ranks.iter().map(|r| r.peak).max().unwrap_or(0),
+        activation_bound: run.bound,
+        makespan,
+        busy,
+        simulated_bubble: (makespan - busy) as f64 / makespan as f64,
+        closed_form_bubble: s.closed_form_bubble(),
+    })
+}
+
+/// Builds and [`check`]s every schedule with `p` in `1..=max_stages` stages and `m` in
+/// `1..=max_micro_batches` micro-batches, the interleaved one with `v` in `1..=max_virtual`
+/// chunks per rank; in the order kind ([`Kind::ALL`]), `v`, `p`, `m`, calling `each` with
+/// every result. Shapes [`Schedule::new`] rejects are skipped; returns how many.
+pub fn check_all(
+    max_stages: usize,
+    max_micro_batches: usize,
+    max_virtual: usize,
+    mut each: impl FnMut(Kind, Shape, Result<Report, Violation>),
+) -> usize {
+    let mut skipped = 0;
+    for kind in Kind::ALL {
+        let max_v = if kind == Kind::Interleaved { max_virtual } else { 1 };
+        for virtual_stages in 1..=max_v {
+            for stages in 1..=max_stages {
+                for micro_batches in 1..=max_micro_batches {
+                    let shape = Shape { stages, micro_batches, virtual_stages };
+                    match Schedule::new(kind, shape) {
+                        Ok(s) => each(kind, shape, check(&s)),
+                        Err(_) => skipped += 1,
+                    }
+                }
+            }
+        }
+    }
+    skipped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(kind: Kind, stages: usize, micro_batches: usize, virtual_stages: usize) -> Schedule {
+        Schedule::new(kind, Shape { stages, micro_batches, virtual_stages }).unwrap()
+    }
+
+    #[test]
+    fn every_shape_checks_with_its_closed_forms() {
+        let (mut checked, mut failures) = (0, Vec::new());
+        let skipped = check_all(16, 64, 4, |kind, shape, result| {
+            checked += 1;
+            let Shape { stages: p, micro_batches: m, virtual_stages: v } = shape;
+            match result {
+                Ok(r) => {
+                    // Independently: the step is the pipeline's fill and drain plus every
+                    // rank's work, 3·(v·m + p − 1); the bound is reached.
+                    assert_eq!(r.makespan, 3 * (v * m + p - 1) as u64, "{kind} {shape:?}");
+                    assert_eq!(r.busy, 3 * (m * v) as u64, "{kind} {shape:?}");
+                    let bound = match kind {
+                        Kind::GPipe => m,
+                        Kind::Interleaved if v > 1 => (2 * (p - 1) + (v - 1) * p + 1).min(m * v),
+                        _ => p.min(m),
+                    };
+                    assert_eq!((r.activation_bound, r.max_activations), (bound, bound), "{kind} {shape:?}");
+                    assert_eq!(r.simulated_bubble, r.closed_form_bubble, "{kind} {shape:?}");
+                }
+                Err(e) => failures.push(format!("{kind} {shape:?}: {e}")),
+            }
+        });
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        // Interleaved with v = 2..4 needs p ≥ 2 and m a multiple of p.
+        let applicable: usize = (2..=16).map(|p| 64 / p).sum::<usize>() * 3;
+        assert_eq!((checked, skipped), (3 * 16 * 64 + applicable, 3 * 16 * 64 - applicable));
+    }
+
+    #[test]
+    fn gpipe_bubble_on_four_stages() {
+        let r = check(&build(Kind::GPipe, 4, 4, 1)).unwrap();
+        assert_eq!((r.makespan, r.busy), (21, 12));
+        assert_eq!(r.simulated_bubble, 3.0 / 7.0);
+        assert_eq!(r.max_activations, 4);
+        // Interleaving 2 chunks on 4 stages, 8 micro-batches: 3 / 19.
+        let r = check(&build(Kind::Interleaved, 4, 8, 2)).unwrap();
+        assert_eq!((r.makespan, r.busy), (57, 48));
+        assert_eq!(r.simulated_bubble, 9.0 / 57.0);
+    }
+
+    fn action_fault(s: &Schedule) -> (usize, usize, Action, Fault) {
+        match check(s) {
+            Err(Violation::Action { rank, index, action, fault }) => (rank, index, action, fault),
+            other => panic!("expected a faulty action, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn swapped_sends_are_received_out_of_order() {
+        let mut s = build(Kind::GPipe, 2, 2, 1);
+        // Rank 0: F(0) sendA(0) F(1) sendA(1) ... becomes F(0) F(1) sendA(1) sendA(0) ...
+        s.ranks[0][1..4].rotate_left(1);
+        let activation = |mb| Message { payload: Payload::Activation, mb, stage: 0 };
+        let fault = Fault::Mismatch { expected: activation(0), got: activation(1) };
+        assert_eq!(action_fault(&s), (1, 0, Action::RecvActivation { mb: 0, chunk: 0, peer: 0 }, fault));
+        let msg = check(&s).unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "rank 1, action 0 (recvA(0,0)<0): it expects the activation of micro-batch 0 from global \
+             stage 0, but the next message on its channel is the activation of micro-batch 1 from \
+             global stage 0"
+        );
+    }
+
+    #[test]
+    fn a_backward_before_its_forward() {
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        // Rank 1: recvA(0) F(0) B(0) ... becomes B(0) recvA(0) F(0) ...
+        s.ranks[1][..3].rotate_right(1);
+        assert_eq!(
+            action_fault(&s),
+            (1, 0, Action::Backward { mb: 0, chunk: 0 }, Fault::Early(Need::Forward))
+        );
+    }
+
+    #[test]
+    fn a_removed_receive() {
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        assert_eq!(s.ranks[1].remove(4), Action::RecvActivation { mb: 1, chunk: 0, peer: 0 });
+        assert_eq!(
+            action_fault(&s),
+            (1, 4, Action::Forward { mb: 1, chunk: 0 }, Fault::Early(Need::Activation))
+        );
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        assert_eq!(s.ranks[0].remove(8), Action::RecvGradient { mb: 1, chunk: 0, peer: 1 });
+        assert_eq!(
+            action_fault(&s),
+            (0, 8, Action::Backward { mb: 1, chunk: 0 }, Fault::Early(Need::Gradient))
+        );
+    }
+
+    #[test]
+    fn a_removed_send_deadlocks() {
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        assert_eq!(s.ranks[0].remove(7), Action::SendActivation { mb: 2, chunk: 0, peer: 1 });
+        let blocked = vec![
+            Blocked { rank: 0, index: 9, action: Action::RecvGradient { mb: 2, chunk: 0, peer: 1 } },
+            Blocked { rank: 1, index: 8, action: Action::RecvActivation { mb: 2, chunk: 0, peer: 0 } },
+        ];
+        let err = check(&s).unwrap_err();
+        assert_eq!(err, Violation::Deadlock { blocked });
+        assert_eq!(
+            err.to_string(),
+            "deadlock: no rank can progress: rank 0 waits at action 9 (recvG(2,0)<1), rank 1 waits \
+             at action 8 (recvA(2,0)<0)"
+        );
+    }
+
+    #[test]
+    fn gpipe_relabelled_as_one_f_one_b_exceeds_the_bound() {
+        let mut s = build(Kind::GPipe, 2, 4, 1);
+        s.kind = Kind::OneFOneB;
+        // Rank 0: F(0) sendA(0) F(1) sendA(1) F(2): the third activation, bound min(p, m) = 2.
+        assert_eq!(check(&s), Err(Violation::Memory { rank: 0, index: 4, held: 3, bound: 2 }));
+    }
+
+    #[test]
+    fn a_missing_or_early_optimizer_step() {
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        s.ranks[1].pop();
+        assert_eq!(check(&s), Err(Violation::End { rank: 1, missing: Action::OptimizerStep }));
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        s.ranks[0].insert(2, Action::OptimizerStep);
+        assert_eq!(action_fault(&s), (0, 2, Action::OptimizerStep, Fault::EarlyStep));
+        // The step reached with a backward never run (and its gradient never received).
+        let mut s = build(Kind::OneFOneB, 2, 3, 1);
+        s.ranks[0].drain(10..12);
+        let missing = Action::Backward { mb: 2, chunk: 0 };
+        assert_eq!(check(&s), Err(Violation::End { rank: 0, missing }));
+    }
+
+    #[test]
+    fn wrong_peers_repeats_and_ranges() {
+        let mut s = build(Kind::OneFOneB, 3, 2, 1);
+        s.ranks[1][1] = Action::SendActivation { mb: 0, chunk: 0, peer: 0 };
+        assert_eq!(action_fault(&s).3, Fault::WrongPeer { expected: 2 });
+        let mut s = build(Kind::OneFOneB, 3, 2, 1);
+        s.ranks[0].insert(1, Action::Forward { mb: 0, chunk: 0 });
+        assert_eq!(action_fault(&s), (0, 1, Action::Forward { mb: 0, chunk: 0 }, Fault::Repeated));
+        let mut s = build(Kind::OneFOneB, 3, 2, 1);
+        s.ranks[2][0] = Action::RecvActivation { mb: 2, chunk: 0, peer: 1 };
+        assert_eq!(action_fault(&s).3, Fault::OutOfRange);
+        let mut s = build(Kind::OneFOneB, 3, 2, 1);
+        s.ranks[2].insert(2, Action::SendActivation { mb: 0, chunk: 0, peer: 0 });
+        assert_eq!(action_fault(&s).3, Fault::NoSuchMessage);
+    }
+
+    #[test]
+    fn a_schedule_without_pipelining_misses_the_closed_form() {
+        // Every micro-batch through forward and backward before the next one starts.
+        let a = |mb| {
+            (
+                Action::SendActivation { mb, chunk: 0, peer: 1 },
+                Action::RecvActivation { mb, chunk: 0, peer: 0 },
+            )
+        };
+        let g = |mb| {
+            (Action::SendGradient { mb, chunk: 0, peer: 0 }, Action::RecvGradient { mb, chunk: 0, peer: 1 })
+        };
+        let (f, b) = (|mb| Action::Forward { mb, chunk: 0 }, |mb| Action::Backward { mb, chunk: 0 });
+        let mut s = build(Kind::OneFOneB, 2, 2, 1);
+        s.ranks[0] = vec![f(0), a(0).0, g(0).1, b(0), f(1), a(1).0, g(1).1, b(1), Action::OptimizerStep];
+        s.ranks[1] = vec![a(0).1, f(0), b(0), g(0).0, a(1).1, f(1), b(1), g(1).0, Action::OptimizerStep];
+        // Each micro-batch takes 1 + 1 + 2 + 2: the step 12 for 6 of work, a bubble of 1/2.
+        assert_eq!(check(&s), Err(Violation::Bubble { makespan: 12, busy: 6, closed_form: (1, 3) }));
+    }
+
+    #[test]
+    fn shapes_and_list_counts() {
+        let mut s = build(Kind::OneFOneB, 2, 2, 1);
+        s.ranks.pop();
+        assert_eq!(check(&s), Err(Violation::Shape("1 action lists for 2 pipeline stages".into())));
+        let mut s = build(Kind::OneFOneB, 2, 2, 1);
+        s.shape.virtual_stages = 2;
+        assert!(matches!(check(&s), Err(Violation::Shape(msg)) if msg.contains("--schedule interleaved")));
+    }
+}

@@ -1,0 +1,128 @@
+//! Pipeline parallelism: the model cut between blocks into stages, the mini-batch into
+//! micro-batches, so that stages work at the same time.
+//!
+//! - [`schedule`]: a schedule is plain data, per pipeline rank the ordered list of its
+//!   actions (forward or backward of micro-batch `j` on chunk `c`, sends and receives of
+//!   activations and gradients, the optimiser step): GPipe, 1F1B and interleaved 1F1B.
+//! - [`check`]: proves a schedule free of deadlock, its sends and receives matched, every
+//!   backward after its forward, the activations held within the schedule's bound, and its
+//!   bubble equal to the closed form (`xccl verify` runs it over every shape).
+//! - [`stages`]: which blocks each stage (or chunk) holds.
+//! - [`execute`]: runs a schedule on one rank's part of the model.
+//!
+//! [`build`] puts a rank's stage together; data parallelism ([`crate::ddp`]) then reduces
+//! each stage's gradients over its data-parallel group as it would a whole model's, and
+//! tensor parallelism works inside the stage's blocks.
+
+pub mod check;
+pub mod execute;
+pub mod schedule;
+pub mod stages;
+
+use std::time::Instant;
+
+use xccl::Communicator;
+
+use crate::config::{Balance, PipelineConfig, TrainConfig};
+use crate::data::Task;
+use crate::error::{Error, Result};
+use crate::mesh::{Axis, Mesh};
+use crate::model::{Graph, Model, ModelConfig};
+use crate::tp::Tp;
+use crate::trace::Trace;
+use execute::Pipeline;
+
+/// This rank's stage of the pipeline `p` of run `config` on `mesh`: its part of the model
+/// (built for tensor-parallel group `tp`) and the pipeline that runs it. Collective over the
+/// world (measuring block times with [`Balance::Time`], the groups of shared parameters).
+pub fn build(
+    mesh: &Mesh,
+    config: &TrainConfig,
+    p: &PipelineConfig,
+    tp: &Tp,
+    task: &dyn Task,
+) -> Result<(Model, Pipeline)> {
+    let schedule = config.schedule(p)?;
+    let costs = match p.balance {
+        Balance::Blocks(_) => Vec::new(),
+        _ if p.virtual_stages > 1 => Vec::new(),
+        Balance::Params => param_counts(&config.model, config.seed)?,
+        Balance::Time => {
+            let rows = (config.batch / (mesh.size(Axis::Dp) * config.accum)).max(1);
+            block_times(mesh.world(), config, task, rows)?
+        }
+    };
+    let cut = stages::cut(&config.model, p, &costs)?;
+    let keep: Vec<usize> =
+        stages::chunks_of(&cut, p.stages, mesh.coord(Axis::Pp)).into_iter().flatten().collect();
+    let model = Model::part(&config.model, config.seed, tp, Some(&keep))?;
+    let pipeline = Pipeline::new(mesh, schedule, &model, &cut, p.recompute)?;
+    Ok((model, pipeline))
+}
+
+/// The parameter count of every block of the model (each block built and dropped in turn).
+fn param_counts(model: &ModelConfig, seed: u64) -> Result<Vec<f64>> {
+    let none = Model::part(model, seed, &Tp::none(), Some(&[]))?;
+    let mut counts = vec![0.0; stages::blocks(model)];
+    for e in none.params().layout().entries() {
+        if let Some(c) = counts.get_mut(e.block) {
+            *c += e.range().len() as f64;
+        }
+    }
+    Ok(counts)
+}
+
+/// The forward + backward time of every block on a micro-batch of `rows` rows, measured on
+/// world rank 0 (three passes, the first left out) and broadcast, so every rank cuts alike.
+fn block_times(world: &Communicator, config: &TrainConfig, task: &dyn Task, rows: usize) -> Result<Vec<f64>> {
+    let n = stages::blocks(&config.model);
+    // Slot 0 says whether rank 0 could measure, so nobody waits for times that never come.
+    let mut times = vec![0.0f64; n + 1];
+    let mut failure = None;
+    if world.rank() == 0 {
+        match measure(config, task, rows, n) {
+            Ok(t) => {
+                times[0] = 1.0;
+                times[1..].copy_from_slice(&t);
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    world.broadcast(&mut times, 0)?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if times[0] != 1.0 {
+        return Err(Error::Thread("rank 0 could not measure the blocks' times (see its error)".into()));
+    }
+    Ok(times[1..].to_vec())
+}
+
+fn measure(config: &TrainConfig, task: &dyn Task, rows: usize, n: usize) -> Result<Vec<f64>> {
+    let model = Model::new(&config.model, config.seed)?;
+    let batch = task.batch(config.seed, 0, rows);
+    let norm = batch.counted().max(1) as f64;
+    let (ids, targets, mask) = batch.tensors()?;
+    let names: Vec<String> = model.blocks().iter().map(|b| b.name().to_string()).collect();
+    let mut times = vec![0.0; n];
+    for pass in 0..3 {
+        let mut trace = Trace::new("measure", true);
+        let t0 = Instant::now();
+        let fwd = model.forward(&ids, Graph::Blockwise, &mut trace)?;
+        let loss = model.loss(fwd.logits(), &targets, &mask, norm)?;
+        model.backward(fwd, &loss, &mut trace, |_, _| Ok(()))?;
+        if pass == 0 {
+            continue;
+        }
+        for s in trace.spans() {
+            let block = s.name.split_once(' ').map(|(_, b)| b);
+            if let Some(k) = block.and_then(|b| names.iter().position(|x| x == b)) {
+                times[k] += s.dur_us;
+            }
+        }
+        // The loss belongs to the last block.
+        times[n - 1] +=
+            t0.elapsed().as_secs_f64() * 1e6 - trace.spans().iter().map(|s| s.dur_us).sum::<f64>();
+    }
+    Ok(times)
+}
