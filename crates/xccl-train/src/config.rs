@@ -229,9 +229,13 @@ impl TrainConfig {
     pub fn dp(&self, world: usize) -> Result<usize> {
         let (tp, pp) = (self.tp, self.pp());
         if tp == 0 || pp == 0 || world == 0 || !world.is_multiple_of(tp * pp) {
+            let (sizes, product) = match self.pipeline {
+                Some(_) => (format!("--pp {pp} × --tp {tp}"), "--dp × --pp × --tp"),
+                None => (format!("--tp {tp}"), "--dp × --tp"),
+            };
             return Err(Error::config(format!(
-                "the job has {world} ranks, which is not a multiple of --pp {pp} × --tp {tp}: \
-                 the world size must be --dp × --pp × --tp"
+                "the job has {world} ranks, which is not a multiple of {sizes}: the world size \
+                 must be {product}"
             )));
         }
         let dp = world / (tp * pp);
