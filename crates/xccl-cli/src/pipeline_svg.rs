@@ -58,11 +58,9 @@ pub fn draw(path: &Path, pipeline: &Value) -> Result<(), String> {
                 .draw_series([Rectangle::new([(x0, y + 0.1), (x1, y + 0.9)], BLACK.stroke_width(1))])
                 .map_err(|e| e.to_string())?;
             // A label where the box is wide enough to hold it.
-            if dur / end > 0.012 * name.len() as f64 / 6.0 {
-                let label = name.trim_start_matches(['F', 'B']).to_string();
-                let text = format!("{}{label}", &name[..1]);
+            if dur / end > 0.002 * name.len() as f64 {
                 chart
-                    .draw_series([Text::new(text, (x0 + 0.1 * dur, y + 0.35), ("sans-serif", 11))])
+                    .draw_series([Text::new(name.clone(), (x0 + 0.1 * dur, y + 0.35), ("sans-serif", 11))])
                     .map_err(|e| e.to_string())?;
             }
         }

@@ -6,14 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use common::{ddp, moved, reference, rel_diff, run, run_with, tiny};
-use xccl_train::checkpoint::FILE_NAME;
+use common::{ddp, moved, reference, rel_diff, run, run_with, temp, tiny, with_checkpoint};
 use xccl_train::config::{Balance, PipelineConfig};
 use xccl_train::optim::OptimConfig;
 use xccl_train::pipeline::schedule::Kind;
-use xccl_train::trainer::{CheckpointConfig, TrainConfig};
+use xccl_train::trainer::TrainConfig;
 
 const STEPS: u64 = 20;
 const TOLERANCE: f64 = 1e-5;
@@ -121,21 +118,9 @@ fn pipeline_runs_are_bit_identical() {
     assert_eq!(a[0].summary.as_ref().unwrap().losses, b[0].summary.as_ref().unwrap().losses);
 }
 
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("xccl-pp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn with_checkpoint(mut config: TrainConfig, dir: &Path, resume: bool) -> TrainConfig {
-    config.checkpoint = Some(CheckpointConfig { path: dir.join(FILE_NAME), every: 0, resume });
-    config
-}
-
 #[test]
 fn a_checkpoint_resumes_under_another_mesh() {
-    let dir = temp("ckpt");
+    let dir = temp("pp", "ckpt");
     let mut base = tiny(OptimConfig::adamw(1e-3), ddp(), 16, 1, STEPS);
     base.model.heads = 4;
     let whole = reference(&base);
@@ -143,17 +128,18 @@ fn a_checkpoint_resumes_under_another_mesh() {
     let first = with_checkpoint(
         TrainConfig { steps: STEPS / 2, ..piped(&base, 2, Kind::GPipe, 1, 2, false) },
         &dir,
+        0,
         false,
     );
     run(4, &first);
-    let mut second = with_checkpoint(piped(&base, 4, Kind::OneFOneB, 1, 4, true), &dir, true);
+    let mut second = with_checkpoint(piped(&base, 4, Kind::OneFOneB, 1, 4, true), &dir, 0, true);
     second.tp = 2;
     let resumed = run(8, &second);
     let d = rel_diff(&resumed[0].params, &whole);
     assert!(d < TOLERANCE, "resumed under pp 4 × tp 2: relative difference {d:e}");
     // And the other way: written by a pipeline, resumed without one.
     run(4, &first);
-    let plain = with_checkpoint(base.clone(), &dir, true);
+    let plain = with_checkpoint(base.clone(), &dir, 0, true);
     let d = rel_diff(&run(1, &plain)[0].params, &whole);
     assert!(d < TOLERANCE, "resumed on one rank: relative difference {d:e}");
     std::fs::remove_dir_all(dir).unwrap();

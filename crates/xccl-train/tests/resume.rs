@@ -3,24 +3,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{ddp, run, run_with, tiny};
-use xccl_train::checkpoint::FILE_NAME;
+use common::{ddp, run, run_with, tiny, with_checkpoint};
 use xccl_train::optim::OptimConfig;
 use xccl_train::ps::PsConfig;
-use xccl_train::trainer::{CheckpointConfig, Strategy, TrainConfig};
+use xccl_train::trainer::{Strategy, TrainConfig};
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("xccl-train-resume-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn with_checkpoint(mut config: TrainConfig, dir: &Path, every: u64, resume: bool) -> TrainConfig {
-    config.checkpoint = Some(CheckpointConfig { path: dir.join(FILE_NAME), every, resume });
-    config
 }
 
 #[test]

@@ -6,13 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{ddp, moved, reference, rel_diff, run, run_with, tiny};
+use common::{ddp, moved, reference, rel_diff, run, run_with, temp, tiny, with_checkpoint};
 use xccl_train::checkpoint::{self, FILE_NAME};
 use xccl_train::data::TaskConfig;
 use xccl_train::optim::OptimConfig;
-use xccl_train::trainer::{CheckpointConfig, TrainConfig};
+use xccl_train::trainer::TrainConfig;
 
 const STEPS: u64 = 20;
 const TOLERANCE: f64 = 1e-5;
@@ -23,13 +23,6 @@ fn with_tp(mut config: TrainConfig, tp: usize, sp: bool) -> TrainConfig {
     config.tp = tp;
     config.sp = sp;
     config
-}
-
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("xccl-tp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// A character-level text task with 13 distinct characters: a vocabulary that 2 and 4 do
@@ -75,7 +68,7 @@ fn tensor_parallel_training_matches_single_process_training() {
 
 #[test]
 fn untied_head_odd_vocabulary_and_sgd() {
-    let dir = temp("odd");
+    let dir = temp("tp", "odd");
     let sgd = OptimConfig::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 1e-3 };
     let mut base = with_tp(tiny(sgd, ddp(), 6, 2, STEPS), 1, false);
     base.task = thirteen_letters(&dir);
@@ -105,14 +98,9 @@ fn tensor_parallel_runs_are_bit_identical() {
     assert_eq!(a[0].summary.as_ref().unwrap().losses, b[0].summary.as_ref().unwrap().losses);
 }
 
-fn with_checkpoint(mut config: TrainConfig, dir: &Path, resume: bool) -> TrainConfig {
-    config.checkpoint = Some(CheckpointConfig { path: dir.join(FILE_NAME), every: 0, resume });
-    config
-}
-
 #[test]
 fn a_checkpoint_resumes_at_another_tensor_parallel_size() {
-    let dir = temp("ckpt");
+    let dir = temp("tp", "ckpt");
     let mut base = with_tp(tiny(OptimConfig::adamw(1e-3), ddp(), 8, 1, STEPS), 1, false);
     base.task = thirteen_letters(&dir);
     base.model.vocab = 13;
@@ -120,16 +108,16 @@ fn a_checkpoint_resumes_at_another_tensor_parallel_size() {
     let whole = reference(&base);
     // (tp that writes, tp that resumes).
     for (write, resume) in [(2, 1), (2, 4), (1, 2), (4, 2)] {
-        let d = temp(&format!("ckpt-{write}-{resume}"));
+        let d = temp("tp", &format!("ckpt-{write}-{resume}"));
         let first =
-            with_checkpoint(with_tp(TrainConfig { steps: 10, ..base.clone() }, write, false), &d, false);
+            with_checkpoint(with_tp(TrainConfig { steps: 10, ..base.clone() }, write, false), &d, 0, false);
         run(write, &first);
         // Full tensors with the unsharded names and shapes: the padding is not saved.
         let (tensors, _) = checkpoint::read_tensors(&d.join(FILE_NAME)).unwrap();
         assert_eq!(tensors["param.embed.tok"].0, vec![13, 16]);
         assert_eq!(tensors["param.head.out.weight"].0, vec![13, 16]);
         assert_eq!(tensors["optim.m.head.out.weight"].0, vec![13, 16]);
-        let second = with_checkpoint(with_tp(base.clone(), resume, resume > 1), &d, true);
+        let second = with_checkpoint(with_tp(base.clone(), resume, resume > 1), &d, 0, true);
         let outcomes = run(2 * resume, &second);
         assert_eq!(outcomes[0].steps.len(), 10, "the resumed run starts at step 10");
         let d_rel = rel_diff(&outcomes[0].params, &whole);

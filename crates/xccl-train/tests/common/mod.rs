@@ -6,12 +6,13 @@
 use candle_core::{Tensor, Var};
 use candle_nn::Optimizer as _;
 use xccl::Communicator;
+use xccl_train::checkpoint::FILE_NAME;
 use xccl_train::data::TaskConfig;
 use xccl_train::ddp::DdpConfig;
 use xccl_train::model::{self, Graph, Model, ModelConfig, ModelKind};
 use xccl_train::optim::OptimConfig;
 use xccl_train::trace::Trace;
-use xccl_train::trainer::{Observer, Outcome, Strategy, TrainConfig, train};
+use xccl_train::trainer::{CheckpointConfig, Observer, Outcome, Strategy, TrainConfig, train};
 
 /// A GPT small enough for many runs in a test: 2-digit sums (rows of 8 tokens).
 pub fn tiny(optim: OptimConfig, strategy: Strategy, batch: usize, accum: usize, steps: u64) -> TrainConfig {
@@ -131,4 +132,23 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
 pub fn moved(config: &TrainConfig, params: &[f32]) -> f64 {
     let init = Model::new(&config.model, config.seed).unwrap().params().read().unwrap();
     rel_diff(params, &init)
+}
+
+/// A fresh, empty directory for test `name` of a test file `prefix` (per process).
+pub fn temp(prefix: &str, name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("xccl-{prefix}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `config` checkpointing into `dir` every `every` steps (0: at the end), resuming if `resume`.
+pub fn with_checkpoint(
+    mut config: TrainConfig,
+    dir: &std::path::Path,
+    every: u64,
+    resume: bool,
+) -> TrainConfig {
+    config.checkpoint = Some(CheckpointConfig { path: dir.join(FILE_NAME), every, resume });
+    config
 }
