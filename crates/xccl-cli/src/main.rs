@@ -33,7 +33,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Launch local ranks and run and check every collective.
     Demo(demo::DemoArgs),
-    /// Prove every algorithm correct on every world size, symbolically.
+    /// Prove every algorithm correct on every world size, and every pipeline schedule free of
+    /// deadlock with its closed-form bubble, symbolically.
     Verify(verify::VerifyArgs),
     /// Calibrate the tuner's cost model on this machine (measure, then fit).
     Tune(tune::TuneArgs),
