@@ -559,8 +559,14 @@ impl Chunks {
     /// Adds every gradient of `grads` (slot index, gradient tensor) at its slot's place.
     pub fn add_grads(&mut self, set: &ParamSet, grads: &[(usize, Tensor)]) -> Result<()> {
         for (i, g) in grads {
-            let values = g.flatten_all()?.to_vec1::<f32>()?;
-            self.add(set.slots()[*i].offset, &values)?;
+            // Straight from the gradient's storage: no copy into a vector first.
+            let g = g.contiguous()?;
+            let (storage, layout) = g.storage_and_layout();
+            let values = match (&*storage, layout.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => &v[a..b],
+                _ => return Err(Error::internal("gradients must be f32 tensors on the CPU")),
+            };
+            self.add(set.slots()[*i].offset, values)?;
         }
         Ok(())
     }

@@ -127,7 +127,7 @@ impl Module for LayerNorm {
 
 /// A linear layer over the last dimension, `x W^T (+ b)`, as one matrix product of the
 /// flattened rows (no broadcast weight, whose gradient candle would have to reduce) and
-/// [`ops::bias_add`].
+/// [`ops::bias_add`] (which makes the product's transposed result contiguous).
 #[derive(Clone, Debug)]
 pub struct Linear {
     /// `[outputs, inputs]`.
@@ -147,7 +147,11 @@ impl Module for Linear {
         let (outputs, inputs) = self.weight.dims2()?;
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / inputs.max(1);
-        let y = x.reshape((rows, inputs))?.matmul(&self.weight.t()?)?;
+        // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
+        // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
+        // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
+        // the weight's size per backward (candle accumulates every node's gradient).
+        let y = self.weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
         let y = match &self.bias {
             Some(b) => ops::bias_add(&y, b)?,
             None => y,
