@@ -1,0 +1,171 @@
+"""Summarises bench/pp_vs_torch.sh's results: medians over repetitions.
+
+    python bench/summarize_pp.py OUT > OUT/summary.md
+
+Reads OUT/torch_{kind}_{schedule}_p{P}[_v{V}]_m{M}_{cfg}_r{rep}.json (bench/pp_vs_torch.py)
+and OUT/xccl_{kind}_{schedule}_p{P}[_v{V}]_m{M}_{cfg}_r{rep}/summary.json
+(`xccl train --dp 1 --pp P ...`), kind = cmp (step time against PyTorch), bubble (xccl
+--trace runs over P and M) or mem (peak memory per stage). Every field it wants from xccl's
+summary.json (`step_seconds`, `losses`, `final_loss`, `params`, `pipeline.bubble_measured`,
+`pipeline.bubble_schedule`, per_rank[i].rank / params_held / peak_rss_bytes, optional
+per_rank[i].stage) may be missing: it prints "n/a" then.
+Step times are what each side reports: PyTorch's mean step (the slowest rank's, per step)
+over the timed steps after its warm-up, xccl's `step_seconds` (its mean over the steps after
+each rank's first). The closed-form bubble is (P - 1) / (V M + P - 1).
+"""
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+from summarize_tp import NA, fmt, load, med, mib  # the same helpers as the TP summary
+
+NAME = re.compile(r"^(torch|xccl)_(cmp|bubble|mem)_([a-z0-9]+(?:-recompute)?)_p(\d+)(?:_v(\d+))?_m(\d+)_(.+)_r(\d+)$")
+ORDER = {"gpipe": 0, "1f1b": 1, "1f1b-recompute": 2, "interleaved": 3}
+
+
+def num(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def closed_form(p, v, m):
+    return (p - 1) / (v * m + p - 1)
+
+
+def step_ms(fw, r):
+    if fw == "torch":
+        return r.get("step_ms")
+    s = r.get("step_seconds")
+    return 1e3 * s if num(s) else None
+
+
+def pipeline(fw, r):
+    """(bubble_measured, bubble_schedule) as the run reports them."""
+    if fw == "torch":
+        return r.get("bubble_measured"), r.get("bubble_schedule")
+    p = r.get("pipeline")
+    if not isinstance(p, dict):
+        return None, None
+    return p.get("bubble_measured"), p.get("bubble_schedule")
+
+
+def losses(fw, r):
+    if fw == "torch":
+        return r.get("loss_first"), r.get("loss_last")
+    ls = r.get("losses")
+    first = ls[0][1] if isinstance(ls, list) and ls and isinstance(ls[0], list) and len(ls[0]) > 1 else None
+    return first, r.get("final_loss")
+
+
+def main(out):
+    runs = {}  # (fw, kind, schedule, p, v, m, cfg) -> [result]
+    paths = [(p, os.path.basename(p)[: -len(".json")]) for p in glob.glob(os.path.join(out, "torch_*_r*.json"))]
+    paths += [(p, os.path.basename(os.path.dirname(p))) for p in glob.glob(os.path.join(out, "xccl_*_r*", "summary.json"))]
+    for path, name in paths:
+        mt = NAME.match(name)
+        r = load(path)
+        if not mt or not isinstance(r, dict):
+            continue
+        fw, kind, sched, p, v, m, cfg, _ = mt.groups()
+        key = (fw, kind, sched, int(p), int(v or 1), int(m), cfg)
+        runs.setdefault(key, []).append(r)
+
+    def keys(kind, fw=None):
+        ks = {k[1:] for k in runs if k[1] == kind and (fw is None or k[0] == fw)}
+        return sorted(ks, key=lambda k: (k[5], k[2], ORDER.get(k[1], 9), k[3], k[4]))
+
+    def get(fw, k):
+        return runs.get((fw,) + k, [])
+
+    cfgs = sorted({k[6] for k in runs})
+    cfg_note = ", ".join(cfgs) if cfgs else NA
+    print("## Pipeline parallelism: PyTorch torch.distributed.pipelining (Gloo) vs xccl train, 2 ranks x 1 thread")
+    print()
+    print(f"Model {cfg_note} (width x layers x heads; untied head, 3-digit sums, AdamW). Step = the pipeline")
+    print("(forward, backward, sends) + optimizer, median over repetitions of each run's mean step time;")
+    print("xccl / PyTorch < 1 means xccl is faster. Bubble = 1 - busy / span per rank, mean over ranks (span: from the")
+    print("step's start to the rank's last backward; PyTorch: busy = time in forward_one_chunk/backward_one_chunk, so its")
+    print("own scheduling and p2p work count as bubble; xccl: summary.json's pipeline.bubble_measured); closed form")
+    print("(P - 1) / (V M + P - 1). Loss = first -> last (PyTorch: means of the first and last 5 timed steps).")
+    print()
+    print("| config | schedule | P | V | M | params | PyTorch step (ms) | xccl step (ms) | xccl / PyTorch | PyTorch bubble | xccl bubble | closed form | PyTorch loss | xccl loss | runs (torch/xccl) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for k in keys("cmp"):
+        (_, sched, p, v, m, cfg) = k
+        t, x = get("torch", k), get("xccl", k)
+        ts, xs = med([step_ms("torch", r) for r in t]), med([step_ms("xccl", r) for r in x])
+        params = next((r.get("params") for r in t + x if num(r.get("params"))), None)
+        tb, xb = med([pipeline("torch", r)[0] for r in t]), med([pipeline("xccl", r)[0] for r in x])
+        tl, xl = [med([losses("torch", r)[i] for r in t]) for i in (0, 1)], [med([losses("xccl", r)[i] for r in x]) for i in (0, 1)]
+        ratio = fmt(xs / ts) if ts and xs else NA
+        print(f"| {cfg} | {sched} | {p} | {v} | {m} | {params if params is not None else NA} | {fmt(ts)} | {fmt(xs)} | {ratio} "
+              f"| {fmt(tb, '.3f')} | {fmt(xb, '.3f')} | {closed_form(p, v, m):.3f} "
+              f"| {fmt(tl[0], '.3f')} -> {fmt(tl[1], '.3f')} | {fmt(xl[0], '.3f')} -> {fmt(xl[1], '.3f')} | {len(t)}/{len(x)} |")
+
+    print()
+    print("## Bubble: measured (xccl, traced) vs closed form")
+    print()
+    print("xccl only, batch as in the comparison, default balance. P = 4 runs 4 ranks x 1 thread on 2 cores")
+    print("(oversubscribed): a rank idle in the pipeline lends its core to another, so its measured bubble is not")
+    print("that of 4 cores. 'xccl closed form' is what xccl's summary.json reports (pipeline.bubble_schedule).")
+    print()
+    print("| config | P | schedule | V | M | closed form (P-1)/(VM+P-1) | xccl closed form | xccl measured | measured - closed form | step (ms) | runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for k in sorted(keys("bubble", "xccl"), key=lambda k: (k[5], k[2], ORDER.get(k[1], 9), k[3], k[4])):
+        (_, sched, p, v, m, cfg) = k
+        x = get("xccl", k)
+        meas, sch = med([pipeline("xccl", r)[0] for r in x]), med([pipeline("xccl", r)[1] for r in x])
+        cf = closed_form(p, v, m)
+        diff = fmt(meas - cf, "+.3f") if meas is not None else NA
+        print(f"| {cfg} | {p} | {sched} | {v} | {m} | {cf:.3f} | {fmt(sch, '.3f')} | {fmt(meas, '.3f')} | {diff} "
+              f"| {fmt(med([step_ms('xccl', r) for r in x]))} | {len(x)} |")
+
+    print()
+    print("## Memory per stage (medians over repetitions; MiB = 2^20 bytes)")
+    print()
+    print("Peak RSS is the whole process (getrusage maxrss): PyTorch's includes its ~0.7 GB runtime and the whole")
+    print("model every rank builds before keeping its stage. 'vs gpipe' = peak RSS - that of the same framework's")
+    print("gpipe run on the same rank.")
+    print()
+    print("| config | framework | schedule | P | M | rank | stage | params held | peak RSS (MiB) | vs gpipe (MiB) | step (ms) | runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for fw in ("xccl", "torch"):
+        mem = keys("mem", fw)
+        gpipe_rss = {}
+        rows = []
+        for k in mem:
+            (_, sched, p, v, m, cfg) = k
+            rs = get(fw, k)
+            by_rank = {}
+            for r in rs:
+                pr = r.get("per_rank")
+                for i, e in enumerate(pr if isinstance(pr, list) else []):
+                    if isinstance(e, dict):
+                        by_rank.setdefault(e.get("rank", i), []).append(e)
+            step = med([step_ms(fw, r) for r in rs])
+            if not by_rank:
+                rows.append((k, NA, NA, None, None, step, len(rs)))
+                continue
+            for rank in sorted(by_rank, key=lambda x: (not isinstance(x, int), x)):
+                es = by_rank[rank]
+                stage = es[0].get("stage", es[0].get("stages"))
+                if isinstance(stage, list):
+                    stage = ",".join(str(s) for s in stage)
+                rss = med([e.get("peak_rss_bytes") for e in es])
+                if sched == "gpipe":
+                    gpipe_rss[(p, v, m, cfg, rank)] = rss
+                rows.append((k, rank, NA if stage is None else stage, med([e.get("params_held") for e in es]), rss, step, len(rs)))
+        name = "xccl train" if fw == "xccl" else "PyTorch"
+        for (k, rank, stage, held, rss, step, n) in rows:
+            (_, sched, p, v, m, cfg) = k
+            base = gpipe_rss.get((p, v, m, cfg, rank))
+            vs = format((rss - base) / 2**20, "+.1f") if rss is not None and base is not None else NA
+            print(f"| {cfg} | {name} | {sched} | {p} | {m} | {rank} | {stage} | {NA if held is None else int(held)} "
+                  f"| {mib(rss, '.1f')} | {vs} | {fmt(step)} | {n} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".")
