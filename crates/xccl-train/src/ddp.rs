@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::metrics::StepStat;
 use crate::params::{Chunks, ParamSet};
 use crate::run::{Context, Finish, Observer, Start};
-use crate::trace::{Kind, Trace};
+use crate::trace::{Kind, Trace, unix_us};
 
 /// One bucket: a chunk of the gradient chunks and the lowest block it covers.
 #[derive(Clone, Debug)]
@@ -155,7 +155,7 @@ pub(crate) fn run(
             wait: wait.as_secs_f64(),
             version: None,
             sent,
-            pipe: pipe.as_ref().map(|p| [p.busy, p.span]),
+            pipe: pipe.as_ref().map(|p| [p.busy, unix_us(p.start), unix_us(p.end)]),
         };
         if let Some(p) = pipe {
             timeline = p.timeline;

@@ -23,9 +23,9 @@ pub struct StepStat {
     /// Bytes this rank sent in the step through its tensor-parallel, data-parallel and
     /// pipeline communicators (see [`bus_bytes`]; recorded when tracing, else 0).
     pub sent: [u64; 3],
-    /// Pipeline: seconds of forward and backward, and seconds from the start of the step's
-    /// pipeline to this rank's last backward.
-    pub pipe: Option<[f64; 2]>,
+    /// Pipeline: seconds of forward and backward, and when this rank started the step's
+    /// pipeline and ended its last backward (µs since the Unix epoch).
+    pub pipe: Option<[f64; 3]>,
 }
 
 impl StepStat {
@@ -224,8 +224,8 @@ pub struct PipelineFacts {
     pub recompute: bool,
     /// The schedule's bubble fraction in closed form.
     pub bubble_schedule: f64,
-    /// The measured bubble fraction: `1 − busy / span` over the steps after the first,
-    /// averaged over the pipeline ranks.
+    /// The measured bubble fraction: `1 − busy / span` over the steps after the first
+    /// (span: the step's pipeline, earliest start to latest end), averaged over the ranks.
     pub bubble_measured: f64,
     /// The last step of the first pipeline (data-parallel and tensor-parallel rank 0): for
     /// each stage, its forwards and backwards as `(name, start ms, duration ms)` from the
@@ -236,12 +236,29 @@ pub struct PipelineFacts {
 impl PipelineFacts {
     /// The measured bubble from `reports`, and the timeline of the ranks `lanes` (world
     /// ranks of stage 0, 1, … of one pipeline). The schedule's facts are left for the caller.
+    /// A step's pipeline runs from the earliest start to the latest end of any rank (all
+    /// pipelines of a step run together); a rank's bubble is `1 − busy / that`, summed over
+    /// the steps after the first, and the result is the mean over ranks.
     pub fn measure(reports: &[RankReport], lanes: &[usize]) -> (f64, Vec<Lane>) {
+        let mut window: std::collections::BTreeMap<u64, (f64, f64)> = std::collections::BTreeMap::new();
+        for r in reports {
+            for s in &r.steps {
+                if let Some([_, start, end]) = s.pipe {
+                    let w = window.entry(s.step).or_insert((start, end));
+                    *w = (w.0.min(start), w.1.max(end));
+                }
+            }
+        }
         let mut bubbles = Vec::new();
         for r in reports {
             let measured = if r.steps.len() > 1 { &r.steps[1..] } else { &r.steps[..] };
-            let (busy, span) =
-                measured.iter().filter_map(|s| s.pipe).fold((0.0, 0.0), |(b, s), p| (b + p[0], s + p[1]));
+            let (mut busy, mut span) = (0.0, 0.0);
+            for s in measured {
+                if let (Some(p), Some((start, end))) = (s.pipe, window.get(&s.step)) {
+                    busy += p[0];
+                    span += (end - start) / 1e6;
+                }
+            }
             if span > 0.0 {
                 bubbles.push(1.0 - busy / span);
             }
@@ -488,7 +505,7 @@ mod tests {
             wait,
             version,
             sent: [0, 3, 1],
-            pipe: Some([1.0, 2.0]),
+            pipe: Some([1.0, 1e6 * step as f64, 1e6 * step as f64 + 2e6]),
         };
         let reports = vec![
             RankReport {
@@ -507,7 +524,14 @@ mod tests {
             RankReport {
                 rank: 1,
                 role: "worker".into(),
-                steps: vec![stat(0, 9.0, 9.0, Some(0)), stat(1, 3.0, 0.3, Some(1))],
+                steps: vec![
+                    stat(0, 9.0, 9.0, Some(0)),
+                    StepStat {
+                        // Starts its step-1 pipeline 0.5 s later and ends 1 s later than rank 0.
+                        pipe: Some([1.0, 1.5e6, 4e6]),
+                        ..stat(1, 3.0, 0.3, Some(1))
+                    },
+                ],
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 0,
@@ -522,9 +546,11 @@ mod tests {
         assert!(s.render().contains("staleness"));
         let back = RankReport::from_json(&reports[0].to_json()).unwrap();
         assert_eq!(back, reports[0]);
-        // Busy half of every measured step's span: a bubble of one half.
+        // Step 1's pipeline runs from rank 0's start (1 s) to rank 1's end (4 s): 3 s, of
+        // which each rank is busy 1 s; step 2 only rank 0 ran: busy 1 s of 2 s.
         let (bubble, timeline) = PipelineFacts::measure(&reports, &[1, 0]);
-        assert!((bubble - 0.5).abs() < 1e-12);
+        let expect = ((1.0 - 2.0 / 5.0) + (1.0 - 1.0 / 3.0)) / 2.0;
+        assert!((bubble - expect).abs() < 1e-12, "{bubble}");
         assert_eq!(timeline, vec![vec![("B(0,0)".into(), 2.0, 1.0)], vec![("F(0,0)".into(), 0.0, 0.5)]]);
     }
 }

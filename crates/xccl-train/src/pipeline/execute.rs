@@ -33,13 +33,15 @@ const TAG_GRADIENT: u32 = 0x5050_0002;
 const HEADER: usize = 5;
 
 /// What one step's pipeline did on this rank.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PipeStat {
     /// Seconds spent in forwards and backwards.
     pub busy: f64,
-    /// Seconds from the start of the step's pipeline to the end of this rank's last
-    /// backward: `1 - busy / span` is this rank's bubble.
-    pub span: f64,
+    /// When this rank started the step's pipeline.
+    pub start: Instant,
+    /// When its last backward ended. The step's pipeline runs from the earliest start to
+    /// the latest end over the ranks; `1 − busy / that` is this rank's bubble.
+    pub end: Instant,
     /// The forwards and backwards, `F(mb,chunk)` / `B(mb,chunk)`, with their start and end.
     pub timeline: Vec<(String, Instant, Instant)>,
 }
@@ -157,7 +159,7 @@ impl Pipeline {
         let rows = share.rows / m;
         let micro = |mb: usize| share.rows(mb * rows..(mb + 1) * rows).tensors();
         let started = Instant::now();
-        let mut stat = PipeStat::default();
+        let mut stat = PipeStat { busy: 0.0, start: started, end: started, timeline: Vec::new() };
         let mut wire = Wire { comm: &self.comm, sends: Vec::new(), headers: Vec::new() };
         let mut received: HashMap<(usize, usize), Tensor> = HashMap::new();
         let mut gradients: HashMap<(usize, usize), Tensor> = HashMap::new();
@@ -223,7 +225,7 @@ impl Pipeline {
                         chunk_done(blocks.start, grads);
                     }
                     stat.compute(trace, format!("B({mb},{chunk})"), t0);
-                    stat.span = started.elapsed().as_secs_f64();
+                    stat.end = Instant::now();
                 }
                 Action::OptimizerStep => break,
             }
