@@ -163,7 +163,8 @@ impl Pipeline {
         let mut wire = Wire { comm: &self.comm, sends: Vec::new(), headers: Vec::new() };
         let mut received: HashMap<(usize, usize), Tensor> = HashMap::new();
         let mut gradients: HashMap<(usize, usize), Tensor> = HashMap::new();
-        let mut outbox: HashMap<(usize, usize), Tensor> = HashMap::new();
+        // What a forward or backward produced for a later send, by (tag, micro-batch, chunk).
+        let mut outbox: HashMap<(u32, usize, usize), Tensor> = HashMap::new();
         let mut held: HashMap<(usize, usize), Held> = HashMap::new();
         let mut backwards = vec![0; self.chunks.len()];
         let mut loss_sum = 0.0;
@@ -178,11 +179,11 @@ impl Pipeline {
                     gradients.insert((mb, chunk), t);
                 }
                 Action::SendActivation { mb, chunk, peer } | Action::SendGradient { mb, chunk, peer } => {
-                    let t = outbox.remove(&(mb, chunk)).ok_or_else(|| missing(action))?;
                     let tag = match action {
                         Action::SendActivation { .. } => TAG_ACTIVATION,
                         _ => TAG_GRADIENT,
                     };
+                    let t = outbox.remove(&(tag, mb, chunk)).ok_or_else(|| missing(action))?;
                     wire.send(&t, peer, tag)?;
                 }
                 Action::Forward { mb, chunk } => {
@@ -196,7 +197,7 @@ impl Pipeline {
                     let (output, loss) = self.forward(model, chunk, input.as_ref(), &micro(mb)?, norm)?;
                     loss_sum += loss;
                     if !self.is_last(chunk) {
-                        outbox.insert((mb, chunk), output.detach());
+                        outbox.insert((TAG_ACTIVATION, mb, chunk), output.detach());
                     }
                     let output = (!self.recompute).then_some(output);
                     held.insert((mb, chunk), Held { input, output });
@@ -218,7 +219,7 @@ impl Pipeline {
                         model.backward_blocks(blocks.clone(), &output, grad.as_ref(), input.as_ref())?;
                     grads.add_grads(model.params(), &g)?;
                     if let Some(below) = below {
-                        outbox.insert((mb, chunk), below);
+                        outbox.insert((TAG_GRADIENT, mb, chunk), below);
                     }
                     backwards[chunk] += 1;
                     if backwards[chunk] == m {
