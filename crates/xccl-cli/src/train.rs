@@ -102,7 +102,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub recompute: bool,
     /// Pipeline: cut stages by parameter count (params), by measured block time (time), or
-    /// give the blocks per stage (e.g. 3,2: embedding + 2 layers, then 1 layer + head).
+    /// give the blocks per stage (e.g. 1,3 with 2 layers: the embedding, then both layers
+    /// and the head).
     #[arg(long, default_value = "params", value_parser = parse_balance)]
     pub pp_balance: Balance,
     /// Sequence parallelism inside each tensor-parallel group (norms and residuals on

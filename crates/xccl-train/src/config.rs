@@ -9,7 +9,7 @@ use crate::data::{Task, TaskConfig};
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, ModelKind};
 use crate::optim::OptimConfig;
-use crate::pipeline::schedule::{Kind, Schedule, Shape};
+use crate::pipeline::schedule::{Kind, Shape};
 
 /// Bucket sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,16 +182,13 @@ impl TrainConfig {
                 "the parameter server works on whole models: use --strategy ddp with --pp",
             ));
         }
-        self.schedule(p)?;
+        self.pipeline_shape(p).validate(p.schedule)?;
         crate::pipeline::stages::check(&self.model, p)
     }
 
-    /// The pipeline's schedule.
-    pub fn schedule(&self, p: &PipelineConfig) -> Result<Schedule> {
-        Schedule::new(
-            p.schedule,
-            Shape { stages: p.stages, micro_batches: self.accum, virtual_stages: p.virtual_stages },
-        )
+    /// The sizes pipeline `p`'s schedule is built for (its micro-batches are `accum`).
+    pub fn pipeline_shape(&self, p: &PipelineConfig) -> Shape {
+        Shape { stages: p.stages, micro_batches: self.accum, virtual_stages: p.virtual_stages }
     }
 
     /// Pipeline stages (1 without a pipeline).

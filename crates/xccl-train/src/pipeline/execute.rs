@@ -127,11 +127,11 @@ impl Pipeline {
 
     /// The global stage of this rank's chunk `chunk`.
     fn global(&self, chunk: usize) -> usize {
-        chunk * self.schedule.shape.stages + self.rank
+        self.schedule.shape.global_stage(self.rank, chunk)
     }
 
     fn is_last(&self, chunk: usize) -> bool {
-        self.global(chunk) + 1 == self.schedule.shape.stages * self.schedule.shape.virtual_stages
+        self.global(chunk) + 1 == self.schedule.shape.global_stages()
     }
 
     /// Runs this rank's actions for one step on its data-parallel `share` of the batch (cut

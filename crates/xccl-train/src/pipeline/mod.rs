@@ -42,7 +42,7 @@ pub fn build(
     tp: &Tp,
     task: &dyn Task,
 ) -> Result<(Model, Pipeline)> {
-    let schedule = config.schedule(p)?;
+    let schedule = schedule::Schedule::new(p.schedule, config.pipeline_shape(p))?;
     let costs = match p.balance {
         Balance::Blocks(_) => Vec::new(),
         _ if p.virtual_stages > 1 => Vec::new(),
