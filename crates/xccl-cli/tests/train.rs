@@ -203,6 +203,8 @@ fn a_resumed_run_ends_bit_identical() {
     let other = train(&part, &["--dp", "2", "--steps", "12", "--resume", "--seed", "5"]);
     assert!(!other.status.success());
     let err = String::from_utf8_lossy(&other.stderr);
+    // Every rank knows why, so the reason is printed whichever rank the launcher stops
+    // first (rank 0 alone knew it once, and its words were sometimes cut short).
     assert!(err.contains("different configuration"), "{err}");
     for d in [whole, part] {
         std::fs::remove_dir_all(d).unwrap();

@@ -67,3 +67,34 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// After world rank 0 tried something alone (`attempt` is `Some` there, `None` elsewhere),
+/// every rank learns whether it worked and, if not, why: rank 0 gets its own error back,
+/// the others an error that carries its message. Nobody then waits for a broadcast that
+/// will never come, and every rank reports the reason, even when rank 0's own output is
+/// cut short by the launcher stopping the job on the first failure. `what` completes
+/// "rank 0 could not …". Collective over `world`.
+pub(crate) fn agree_with_root<T>(
+    world: &xccl::Communicator,
+    what: &str,
+    attempt: Option<Result<T>>,
+) -> Result<Option<T>> {
+    let (value, why) = match attempt {
+        Some(Ok(v)) => (Some(v), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    let mut text = why.as_ref().map(|e| e.to_string().into_bytes()).unwrap_or_default();
+    let mut header = [u64::from(why.is_some()), text.len() as u64];
+    world.broadcast(&mut header, 0)?;
+    if header[0] == 0 {
+        return Ok(value);
+    }
+    let len = usize::try_from(header[1]).map_err(|_| Error::internal("rank 0's error is too long"))?;
+    text.resize(len, 0);
+    world.broadcast(&mut text, 0)?;
+    match why {
+        Some(e) => Err(e),
+        None => Err(Error::Thread(format!("rank 0 could not {what}: {}", String::from_utf8_lossy(&text)))),
+    }
+}

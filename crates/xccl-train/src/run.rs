@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{CheckpointConfig, TrainConfig};
 use crate::data::{Batch, Task, shares};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, agree_with_root};
 use crate::mesh::Mesh;
 use crate::metrics::{PipelineFacts, RankReport, StepStat, Summary, bus_bytes, gather_reports};
 use crate::model::{Graph, Model};
@@ -215,24 +215,14 @@ pub(crate) fn start(cx: &Context) -> Result<Start> {
     let optim = cx.config.optim;
     let set = cx.model.params();
     let resume = cx.config.checkpoint.as_ref().filter(|c| c.resume);
-    let (loaded, failure) = match (world.rank(), resume) {
-        (0, Some(c)) => match load(cx, c) {
-            Ok(ck) => (Some(ck), None),
-            Err(e) => (None, Some(e)),
-        },
-        _ => (None, None),
+    let attempt = match (world.rank(), resume) {
+        (0, Some(c)) => Some(load(cx, c)),
+        _ => None,
     };
-    // Everyone learns whether rank 0 could start, so nobody waits for a broadcast that
-    // will never come.
-    let mut header = [u64::from(failure.is_none()), loaded.as_ref().map_or(0, |c| c.step)];
-    world.broadcast(&mut header, 0)?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if header[0] == 0 {
-        return Err(Error::Thread("rank 0 could not start the run (see its error)".into()));
-    }
-    let step = header[1];
+    let loaded = agree_with_root(world, "start the run", attempt)?;
+    let mut step = [loaded.as_ref().map_or(0, |c| c.step)];
+    world.broadcast(&mut step, 0)?;
+    let [step] = step;
     if step == 0 && resume.is_none() {
         let mut params = set.read()?;
         cx.mesh.dp().broadcast(&mut params, 0)?;

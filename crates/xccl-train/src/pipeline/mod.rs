@@ -25,7 +25,7 @@ use xccl::Communicator;
 
 use crate::config::{Balance, PipelineConfig, TrainConfig};
 use crate::data::Task;
-use crate::error::{Error, Result};
+use crate::error::{Result, agree_with_root};
 use crate::mesh::{Axis, Mesh};
 use crate::model::{Graph, Model, ModelConfig};
 use crate::tp::Tp;
@@ -76,26 +76,11 @@ fn param_counts(model: &ModelConfig, seed: u64) -> Result<Vec<f64>> {
 /// world rank 0 (three passes, the first left out) and broadcast, so every rank cuts alike.
 fn block_times(world: &Communicator, config: &TrainConfig, task: &dyn Task, rows: usize) -> Result<Vec<f64>> {
     let n = stages::blocks(&config.model);
-    // Slot 0 says whether rank 0 could measure, so nobody waits for times that never come.
-    let mut times = vec![0.0f64; n + 1];
-    let mut failure = None;
-    if world.rank() == 0 {
-        match measure(config, task, rows, n) {
-            Ok(t) => {
-                times[0] = 1.0;
-                times[1..].copy_from_slice(&t);
-            }
-            Err(e) => failure = Some(e),
-        }
-    }
+    let attempt = (world.rank() == 0).then(|| measure(config, task, rows, n));
+    let mut times =
+        agree_with_root(world, "measure the blocks' times", attempt)?.unwrap_or_else(|| vec![0.0; n]);
     world.broadcast(&mut times, 0)?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if times[0] != 1.0 {
-        return Err(Error::Thread("rank 0 could not measure the blocks' times (see its error)".into()));
-    }
-    Ok(times[1..].to_vec())
+    Ok(times)
 }
 
 fn measure(config: &TrainConfig, task: &dyn Task, rows: usize, n: usize) -> Result<Vec<f64>> {
