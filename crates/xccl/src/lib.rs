@@ -2,8 +2,8 @@
 //!
 //! A [`Communicator`] is a group of ranks that run collectives together: point-to-point
 //! [`send`](Communicator::send)/[`recv`](Communicator::recv), broadcast, scatter, gather,
-//! reduce, all-reduce, all-gather (also with uneven counts), reduce-scatter, all-to-all
-//! (also uneven) and barrier, on slices of `f32`, `f64`, `f16`, `bf16`, `i8`, `i32`, `i64`,
+//! reduce, all-reduce, all-gather (also with uneven counts), reduce-scatter (also uneven),
+//! all-to-all (also uneven) and barrier, on slices of `f32`, `f64`, `f16`, `bf16`, `i8`, `i32`, `i64`,
 //! `u8`, `u32` and `u64`, with the reductions of [`ReduceOp`]. Every operation has a
 //! blocking form on slices and an asynchronous form on owned vectors that returns a
 //! [`Work`]; operations run in issue order on the communicator's progress thread, so

@@ -10,8 +10,8 @@
 //! and receives from one peer arrive, in operation order), so a schedule that would deadlock
 //! stops the run with the ranks stuck and what they wait for. At the end no message may be
 //! left unread and every rank's output must hold exactly what the collective promises:
-//! all-reduce, every contribution exactly once; reduce-scatter, block `i` fully reduced on
-//! rank `i`; all-gather, every block from its owner; barrier, every rank heard (transitively)
+//! all-reduce, every contribution exactly once; reduce-scatter (even or uneven blocks), block
+//! `i` fully reduced on rank `i`; all-gather, every block from its owner; barrier, every rank heard (transitively)
 //! from every other; and so on.
 
 use std::collections::VecDeque;
@@ -383,6 +383,7 @@ fn buffer_lengths(case: &Case, n: usize) -> (Vec<usize>, Vec<usize>) {
             (K::Reduce, _) => (count, if r == case.root || case.in_place { count } else { 0 }),
             (K::AllGather, Shape::Count(c)) => (*c, c * n),
             (K::AllGather, Shape::Gather(b)) => (b.len_of(r), b.total()),
+            (K::ReduceScatter, Shape::Scatter(b)) => (b.total(), b.len_of(r)),
             (K::ReduceScatter, _) => (count * n, count),
             (K::AllToAll, _) => match &case.exchange {
                 Some(m) => (m[r].iter().sum(), (0..n).map(|s| m[s][r]).sum()),
@@ -428,7 +429,12 @@ fn check_postcondition(case: &Case, ranks: &[RankState], shapes: &[Shape]) -> Re
             }
             K::Reduce => {}
             K::ReduceScatter => {
-                (0..count).try_for_each(|i| expect(r, i, &out[i], &all_of(n, r * count + i)))?
+                // Block `r` of the input, every rank's contribution exactly once.
+                let block = match &case.shape {
+                    Shape::Scatter(b) => b.region(Buf::Input, r),
+                    _ => Region::new(Buf::Input, r * count, count),
+                };
+                (0..block.len).try_for_each(|i| expect(r, i, &out[i], &all_of(n, block.off + i)))?
             }
             K::AllGather => {
                 let blocks = match &case.shape {
@@ -518,6 +524,21 @@ pub fn cases(kind: CollKind, algo: Algorithm, n: usize) -> Vec<Case> {
         let shape = Shape::Gather(Blocks::from_counts(&(0..n).map(|k| (k * 7 + 3) % 4).collect::<Vec<_>>()));
         if algo.supports(kind, n, &shape) {
             out.push(base(0, shape, false));
+        }
+    }
+    if kind == K::ReduceScatter {
+        // Uneven blocks with empty ones among them, then every block empty but one (ranks
+        // that send and receive nothing), then every block empty.
+        let layouts = [
+            (0..n).map(|i| (i * 7 + 3) % 5).collect::<Vec<_>>(),
+            (0..n).map(|i| if i == n / 2 { 2 * n + 3 } else { 0 }).collect(),
+            vec![0; n],
+        ];
+        for counts in layouts {
+            let shape = Shape::Scatter(Blocks::from_counts(&counts));
+            if algo.supports(kind, n, &shape) {
+                out.push(base(0, shape, false));
+            }
         }
     }
     if kind == K::AllToAll {
@@ -659,6 +680,42 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.contains("never received") || e.contains("expects"), "{e}");
+    }
+
+    #[test]
+    fn uneven_reduce_scatter_is_checked_block_by_block() {
+        let mut c = case(CollKind::ReduceScatter, Algorithm::Ring, 5, 0);
+        c.shape = Shape::Scatter(Blocks::from_counts(&[3, 0, 5, 1, 2]));
+        let stats = verify(&c).unwrap();
+        assert_eq!(stats.elements, 4 * 11);
+        // Rank 2 leaves its own contribution out of its last combine: its block misses it.
+        let e = verify_programs(&c, |r, shape| {
+            let mut p = algo::build(c.kind, c.algo, r, &c.hosts, 0, shape).map_err(|e| e.to_string())?;
+            if r == 2 {
+                let last = p.steps.len() - 1;
+                if let Op::Recv { with, .. } = &mut p.steps[last].ops[1] {
+                    *with = None;
+                }
+            }
+            Ok(p)
+        })
+        .unwrap_err();
+        assert!(e.contains("rank 2 output[0]") && e.contains("expected"), "{e}");
+        // Schedules of the even layout with the same total do not fit the uneven buffers.
+        let even = Shape::Count(11 / 5);
+        let e = verify_programs(&c, |r, _| {
+            algo::build(c.kind, c.algo, r, &c.hosts, 0, &even).map_err(|e| e.to_string())
+        })
+        .unwrap_err();
+        assert!(e.contains("outside") || e.contains("expects"), "{e}");
+        // `xccl verify` runs three uneven layouts for every algorithm.
+        for &algo in Algorithm::for_collective(CollKind::ReduceScatter) {
+            let uneven = cases(CollKind::ReduceScatter, algo, 5)
+                .into_iter()
+                .filter(|c| matches!(c.shape, Shape::Scatter(_)))
+                .count();
+            assert_eq!(uneven, 3, "{algo}");
+        }
     }
 
     #[test]

@@ -209,12 +209,28 @@ fn reduce_scatter_forms<T: Small>(c: &Communicator) {
             );
             let (_, out2) = c.reduce_scatter_async(inp, vec![T::small(9); block], op).wait().unwrap();
             assert_eq!(out, out2);
+
+            // Uneven: rank k's block holds (block + 7k + 3) % 5 parts of block / 5 + 1
+            // elements, some of them none.
+            let counts: Vec<usize> = (0..n).map(|k| (block + k * 7 + 3) % 5 * (block / 5 + 1)).collect();
+            let off: usize = counts[..r].iter().sum();
+            let inp = input::<T>(op, r, counts.iter().sum(), salt);
+            let mut out = vec![T::small(9); counts[r]];
+            c.reduce_scatter_v(&inp, &mut out, &counts, op).unwrap();
+            let what = format!("reduce_scatter_v {t} {op} counts {counts:?} rank {r}");
+            assert_each(&out, |i| expected::<T>(op, n, off + i, salt), &what);
+            let (back, out2) = c
+                .reduce_scatter_v_async(inp.clone(), vec![T::small(9); counts[r]], &counts, op)
+                .wait()
+                .unwrap();
+            assert_eq!(out, out2, "{what} (async)");
+            assert_eq!(back, inp, "{what}: the input comes back untouched");
         }
     }
 }
 
 #[test]
-fn reduce_scatter_matches_the_reference() {
+fn reduce_scatter_even_and_uneven_match_the_reference() {
     for n in 1..=8 {
         on_ranks(n, test_config(), |c| every_dtype!(reduce_scatter_forms, c));
     }
@@ -335,6 +351,20 @@ fn wrong_arguments_are_reported_not_panicked() {
         assert!(c.send(&[1u8], c.rank(), 0).is_err());
         assert!(c.all_to_all(&[0u8; 4], &mut [0u8; 4]).is_err());
         assert!(c.all_gather_v(&[0u8; 1], &mut [0u8; 3], &[1, 2]).is_err());
+        // reduce_scatter_v: the error names what is wrong, before any communication.
+        let mut out = vec![0f32; 2];
+        let e = c.reduce_scatter_v(&[0f32; 6], &mut out, &[2, 2], ReduceOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("reduce_scatter_v: counts has 2 entries, expected 3"), "{e}");
+        let e = c.reduce_scatter_v(&[0f32; 5], &mut out, &[2, 2, 2], ReduceOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("the input has 5 elements, expected 6 (the sum of counts)"), "{e}");
+        let counts = [1, 2, 3];
+        let e = c.reduce_scatter_v(&[0f32; 6], &mut [0f32; 4], &counts, ReduceOp::Sum).unwrap_err();
+        let want = format!("the output has 4 elements, expected {}", counts[c.rank()]);
+        assert!(e.to_string().contains(&want), "{e}");
+        let e = c.reduce_scatter_v(&[0u8; 2], &mut [0u8; 1], &[1, usize::MAX, 1], ReduceOp::Max).unwrap_err();
+        assert!(e.to_string().contains("more elements than memory"), "{e}");
+        let e = c.reduce_scatter_v_async(vec![0i32; 3], vec![0; 1], &[1, 1], ReduceOp::Min).wait();
+        assert!(e.unwrap_err().to_string().contains("counts has 2 entries"));
         let e = c.all_reduce_async(vec![0u8; 3], ReduceOp::Sum);
         drop(e);
         assert!(c.reduce_scatter_async(vec![0i32; 4], vec![0; 2], ReduceOp::Max).wait().is_err());
@@ -373,6 +403,21 @@ fn run_and_check<T: Small>(c: &Communicator, kind: CollKind, len: usize, root: u
             let mut out = vec![T::small(0); len];
             c.reduce_scatter(&input::<T>(op, r, len * n, 9), &mut out, op).unwrap();
             assert_each(&out, |i| expected::<T>(op, n, r * len + i, 9), what);
+            // Uneven blocks, some empty, blocking with `Sum` and asynchronous with `Max`.
+            let counts: Vec<usize> = (0..n).map(|k| (len + k * 7 + 3) % 5 * (len / 4 + 1)).collect();
+            let (total, off) = (counts.iter().sum(), counts[..r].iter().sum::<usize>());
+            let mut out = vec![T::small(0); counts[r]];
+            c.reduce_scatter_v(&input::<T>(op, r, total, 11), &mut out, &counts, op).unwrap();
+            assert_each(&out, |i| expected::<T>(op, n, off + i, 11), &format!("{what} (v {counts:?})"));
+            let max = ReduceOp::Max;
+            let work = c.reduce_scatter_v_async(input::<T>(max, r, total, 12), out, &counts, max);
+            let (_, out) = work.wait().unwrap();
+            assert_each(&out, |i| expected::<T>(max, n, off + i, 12), &format!("{what} (v async)"));
+            // Every block empty but one.
+            let counts: Vec<usize> = (0..n).map(|k| if k == n - 1 { len + 1 } else { 0 }).collect();
+            let mut out = vec![T::small(0); counts[r]];
+            c.reduce_scatter_v(&input::<T>(op, r, len + 1, 13), &mut out, &counts, op).unwrap();
+            assert_each(&out, |i| expected::<T>(op, n, i, 13), &format!("{what} (v, one block)"));
         }
         CollKind::Broadcast => {
             let mut v = input::<T>(op, r, len, 10);

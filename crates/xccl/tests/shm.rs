@@ -57,6 +57,16 @@ fn subset(c: &Communicator) {
         assert!(
             out.iter().enumerate().all(|(i, x)| *x == expected::<i64>(ReduceOp::Max, n, r * block + i, 3))
         );
+        // Uneven blocks, some empty.
+        let counts: Vec<usize> = (0..n).map(|k| (k * 7 + 3) % 5 * (block / 3 + 1)).collect();
+        let off: usize = counts[..r].iter().sum();
+        let inp = input::<f32>(ReduceOp::Sum, r, counts.iter().sum(), 9);
+        let mut out = vec![0f32; counts[r]];
+        c.reduce_scatter_v(&inp, &mut out, &counts, ReduceOp::Sum).unwrap();
+        assert!(
+            out.iter().enumerate().all(|(i, x)| *x == expected::<f32>(ReduceOp::Sum, n, off + i, 9)),
+            "reduce_scatter_v {counts:?}"
+        );
         let mut g = vec![0u32; block * n];
         c.all_gather(&input::<u32>(ReduceOp::Sum, r, block, 4), &mut g).unwrap();
         assert!(

@@ -83,6 +83,16 @@ fn collectives_over_tcp_match_the_reference() {
                         .enumerate()
                         .all(|(i, x)| *x == expected::<f64>(ReduceOp::Sum, n, r * len + i, 4))
                 );
+                // Uneven blocks, some empty, asynchronous.
+                let counts: Vec<usize> = (0..n).map(|k| (k * 7 + 3) % 5 * (len / 4 + 1)).collect();
+                let off: usize = counts[..r].iter().sum();
+                let inp = input::<i64>(ReduceOp::Min, r, counts.iter().sum(), 5);
+                let work = c.reduce_scatter_v_async(inp, vec![0i64; counts[r]], &counts, ReduceOp::Min);
+                let (_, out) = work.wait().unwrap();
+                assert!(
+                    out.iter().enumerate().all(|(i, x)| *x == expected::<i64>(ReduceOp::Min, n, off + i, 5)),
+                    "reduce_scatter_v {counts:?}"
+                );
                 let inp: Vec<i32> = (0..len * n).map(|k| (r * 1000 + k / len.max(1)) as i32).collect();
                 let mut out = vec![0i32; len * n];
                 c.all_to_all(&inp, &mut out).unwrap();

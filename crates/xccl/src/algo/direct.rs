@@ -51,12 +51,12 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
     p
 }
 
-/// Reduce-scatter: input `n * block` elements, output this rank's `block` reduced.
-pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
+/// Reduce-scatter: the input is laid out by `blocks` (uneven blocks give
+/// reduce-scatter-v); block `rank`, reduced over all ranks, lands in the output.
+pub fn reduce_scatter(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
-    let blocks = Blocks::uniform(block, n);
-    let out = Region::new(Buf::Output, 0, block);
-    reduce_scatter_step(&mut p, rank, n, &blocks, out);
+    let out = Region::new(Buf::Output, 0, blocks.len_of(rank));
+    reduce_scatter_step(&mut p, rank, blocks.count(), blocks, out);
     p
 }
 

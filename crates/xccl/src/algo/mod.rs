@@ -178,6 +178,9 @@ pub enum Shape {
     Count(usize),
     /// One block per rank in the output (all-gather with uneven counts).
     Gather(Blocks),
+    /// One block per rank in the input: block `i`, reduced over all ranks, goes to rank `i`
+    /// (reduce-scatter; with uneven counts, reduce-scatter-v).
+    Scatter(Blocks),
     /// What goes to each rank and what comes from each rank (all-to-all with uneven counts).
     Exchange {
         /// Block `j` of the input goes to rank `j`.
@@ -185,6 +188,19 @@ pub enum Shape {
         /// Block `j` of the output comes from rank `j`.
         recv: Blocks,
     },
+}
+
+impl Shape {
+    /// Whether the call moves no data: a count of 0, or blocks that are all empty. Every
+    /// rank passes the same counts, so every rank sees this alike (not so for
+    /// [`Shape::Exchange`], whose blocks differ between ranks).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Shape::Count(c) => *c == 0,
+            Shape::Gather(blocks) | Shape::Scatter(blocks) => blocks.total() == 0,
+            Shape::Exchange { .. } => false,
+        }
+    }
 }
 
 /// Per-collective algorithm choices that override the defaults.
@@ -253,6 +269,9 @@ fn alone(kind: CollKind, shape: &Shape) -> Program {
     let (from, to) = match shape {
         Shape::Count(c) => (Region::new(Buf::Input, 0, *c), Region::new(Buf::Output, 0, *c)),
         Shape::Gather(blocks) => (blocks.region(Buf::Input, 0), blocks.region(Buf::Output, 0)),
+        Shape::Scatter(blocks) => {
+            (blocks.region(Buf::Input, 0), Region::new(Buf::Output, 0, blocks.len_of(0)))
+        }
         Shape::Exchange { send, recv } => (send.region(Buf::Input, 0), recv.region(Buf::Output, 0)),
     };
     if !matches!(kind, CollKind::Broadcast | CollKind::Barrier) {
@@ -277,8 +296,16 @@ pub fn build(
     if !algo.supports(kind, n, shape) {
         return Err(Error::Config(format!("{algo} cannot run {kind} on {n} ranks with {shape:?}")));
     }
-    if *shape == Shape::Count(0) && kind != CollKind::Barrier {
-        // Every rank passes the same count, so all agree there is nothing to do.
+    let block_per_rank = match shape {
+        Shape::Count(_) => true,
+        Shape::Gather(b) | Shape::Scatter(b) => b.count() == n,
+        Shape::Exchange { send, recv } => send.count() == n && recv.count() == n,
+    };
+    if !block_per_rank {
+        return Err(Error::Config(format!("{shape:?} does not have one block per rank of {n}")));
+    }
+    if shape.is_empty() && kind != CollKind::Barrier {
+        // Every rank passes the same counts, so all agree there is nothing to do.
         return Ok(Program::new());
     }
     if n == 1 {
@@ -301,11 +328,14 @@ pub fn build(
         }
         (K::AllGather, A::Bruck, Shape::Gather(blocks)) => bruck::all_gather(rank, blocks),
         (K::AllGather, A::Direct, Shape::Gather(blocks)) => direct::all_gather(rank, blocks),
-        (K::ReduceScatter, A::Ring, Shape::Count(c)) => ring::reduce_scatter(rank, n, *c),
-        (K::ReduceScatter, A::RecursiveHalving, Shape::Count(c)) => {
-            recursive_halving::reduce_scatter(rank, n, *c)
+        (K::ReduceScatter, _, Shape::Count(c)) => {
+            return build(kind, algo, rank, hosts, root, &Shape::Scatter(Blocks::uniform(*c, n)));
         }
-        (K::ReduceScatter, A::Direct, Shape::Count(c)) => direct::reduce_scatter(rank, n, *c),
+        (K::ReduceScatter, A::Ring, Shape::Scatter(blocks)) => ring::reduce_scatter(rank, blocks),
+        (K::ReduceScatter, A::RecursiveHalving, Shape::Scatter(blocks)) => {
+            recursive_halving::reduce_scatter(rank, blocks)
+        }
+        (K::ReduceScatter, A::Direct, Shape::Scatter(blocks)) => direct::reduce_scatter(rank, blocks),
         (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, n, *c, root),
         (K::Broadcast, A::ScatterAllGather, Shape::Count(c)) => {
             scatter_allgather::broadcast(rank, n, *c, root)
@@ -342,6 +372,27 @@ mod tests {
         assert!(AlgoOverrides::parse("allreduce:bogus").is_err());
         assert!(AlgoOverrides::parse("broadcast:ring").unwrap_err().to_string().contains("no 'ring'"));
         assert!(AlgoOverrides::parse("teleport:ring").is_err());
+    }
+
+    #[test]
+    fn reduce_scatter_of_a_count_is_the_uniform_layout() {
+        let kind = CollKind::ReduceScatter;
+        for &algo in Algorithm::for_collective(kind) {
+            for n in 1..=9 {
+                let hosts = vec![0; n];
+                for rank in 0..n {
+                    let even = build(kind, algo, rank, &hosts, 0, &Shape::Count(5)).unwrap();
+                    let blocks = build(kind, algo, rank, &hosts, 0, &Shape::Scatter(Blocks::uniform(5, n)));
+                    assert_eq!(even, blocks.unwrap(), "{algo} n {n} rank {rank}");
+                    let counts: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % 5).collect();
+                    let uneven = Shape::Scatter(Blocks::from_counts(&counts));
+                    let p = build(kind, algo, rank, &hosts, 0, &uneven).unwrap();
+                    p.check(rank, n, counts.iter().sum(), counts[rank]).unwrap();
+                }
+                let wrong = Shape::Scatter(Blocks::uniform(1, n + 1));
+                assert!(build(kind, algo, 0, &hosts, 0, &wrong).is_err());
+            }
+        }
     }
 
     #[test]

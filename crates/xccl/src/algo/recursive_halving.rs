@@ -2,6 +2,10 @@
 //! still responsible for, sends the other half to its partner and folds the partner's copy
 //! of its half into its own. `log2 n` rounds moving `(n - 1) / n` of the buffer in all.
 //! Non-powers of two fold (see `fold`): a host is responsible for its extra's block too.
+//!
+//! Blocks may be uneven (reduce-scatter-v): halving splits the *participants*, not the
+//! elements, and the blocks of a range of participants are consecutive in the buffer, so
+//! every message is still one contiguous span of whole blocks, however long each block is.
 
 use super::fold::{Fold, Role};
 use crate::schedule::{Blocks, Buf, Program, Region};
@@ -11,16 +15,16 @@ fn first_block(f: &Fold, v: usize) -> usize {
     if v <= f.rem { 2 * v } else { v + f.rem }
 }
 
-/// Reduce-scatter of `n` blocks of `block` elements: rank `r` gets block `r` reduced.
-pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
+/// Reduce-scatter of an input laid out by `blocks`: rank `r` gets block `r` reduced.
+pub fn reduce_scatter(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
-    let blocks = Blocks::uniform(block, n);
-    let out = Region::new(Buf::Output, 0, block);
+    let n = blocks.count();
+    let out = Region::new(Buf::Output, 0, blocks.len_of(rank));
     let f = Fold::new(n);
     let role = f.role(rank);
     // Partial sums live in scratch laid out like the input; until the first combination the
     // input itself is the running value.
-    p.scratch = block * n;
+    p.scratch = blocks.total();
     let acc = |a: usize, b: usize| blocks.span(Buf::Scratch, a, b);
     let input = |a: usize, b: usize| blocks.span(Buf::Input, a, b);
     let mut in_acc = false;

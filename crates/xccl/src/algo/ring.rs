@@ -83,17 +83,19 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
     p
 }
 
-/// Ring reduce-scatter: input `n * block` elements, output the `block` elements of this rank.
-pub fn reduce_scatter(rank: usize, n: usize, block: usize) -> Program {
+/// Ring reduce-scatter: the input is laid out by `blocks`, and block `rank`, reduced over
+/// all ranks, lands in the output (uneven blocks give reduce-scatter-v).
+pub fn reduce_scatter(rank: usize, blocks: &Blocks) -> Program {
     let mut p = Program::new();
-    let blocks = Blocks::uniform(block, n);
-    let out = Region::new(Buf::Output, 0, block);
-    // Partial sums alternate between two scratch blocks: step `s` receives into one while
-    // it sends the other, received in step `s - 1`.
-    p.scratch = 2 * block;
-    let acc = |s: usize, _| Region::new(Buf::Scratch, (s % 2) * block, block);
-    let members: Vec<usize> = (0..n).collect();
-    reduce_scatter_steps(&mut p, rank, &members, &blocks, Buf::Input, acc, out);
+    let out = Region::new(Buf::Output, 0, blocks.len_of(rank));
+    // Partial sums alternate between two scratch areas: step `s` receives into one while it
+    // sends the other, received in step `s - 1`. Each area holds the largest block, since
+    // the blocks passing through a rank differ in length.
+    let area = blocks.max_len();
+    p.scratch = 2 * area;
+    let acc = |s: usize, b: usize| Region::new(Buf::Scratch, (s % 2) * area, blocks.len_of(b));
+    let members: Vec<usize> = (0..blocks.count()).collect();
+    reduce_scatter_steps(&mut p, rank, &members, blocks, Buf::Input, acc, out);
     p
 }
 
@@ -131,11 +133,24 @@ mod tests {
 
     #[test]
     fn reduce_scatter_ends_with_own_block_in_output() {
-        let p = reduce_scatter(1, 4, 10);
+        let p = reduce_scatter(1, &Blocks::uniform(10, 4));
         let last = p.steps.last().unwrap();
         assert!(matches!(
             last.ops[1],
             Op::Recv { dst: Region { buf: Buf::Output, off: 0, len: 10 }, with: Some(w), .. } if w.off == 10
         ));
+    }
+
+    #[test]
+    fn uneven_reduce_scatter_sizes_scratch_for_the_largest_block() {
+        let blocks = Blocks::from_counts(&[3, 0, 9, 1]);
+        let p = reduce_scatter(2, &blocks);
+        assert_eq!(p.scratch, 18);
+        let last = p.steps.last().unwrap();
+        assert!(matches!(
+            last.ops[1],
+            Op::Recv { dst: Region { buf: Buf::Output, off: 0, len: 9 }, with: Some(w), .. } if w.off == 3
+        ));
+        p.check(2, 4, blocks.total(), 9).unwrap();
     }
 }

@@ -627,6 +627,25 @@ mod tests {
     }
 
     #[test]
+    fn uneven_layouts_are_costed_from_their_blocks() {
+        use crate::schedule::Blocks;
+        let (m, n, block) = (plain(), 8, 1 << 16);
+        let kind = CollKind::ReduceScatter;
+        let mut skewed = vec![0; n];
+        skewed[3] = block * n;
+        let skewed = Shape::Scatter(Blocks::from_counts(&skewed));
+        for &algo in Algorithm::for_collective(kind) {
+            let t = |shape: &Shape| predict(&m, &topo(n), kind, algo, 0, shape, 4).unwrap();
+            // An even call is the uniform layout.
+            assert_eq!(t(&Shape::Count(block)), t(&Shape::Scatter(Blocks::uniform(block, n))), "{algo}");
+            // The same elements in one rank's block: no link shares that block's traffic.
+            assert!(t(&skewed) > 2.0 * t(&Shape::Count(block)), "{algo}");
+        }
+        let choice = rank(&m, &topo(n), kind, 0, &skewed, 4).unwrap();
+        assert_eq!(choice.ranking.len(), Algorithm::for_collective(kind).len(), "{choice}");
+    }
+
+    #[test]
     fn constants_parse_or_say_what_is_wrong() {
         let m = CostModel::from_lookup(|k| (k == "XCCL_TUNE_TCP").then(|| "50, 1, 5, 10".into())).unwrap();
         assert_eq!(m.tcp, LinkCost::new(50.0, 1.0, 5.0, 10.0));

@@ -401,11 +401,22 @@ impl Communicator {
     /// The algorithm a collective of `kind` on `count` elements of `dtype` (per rank, as the
     /// call takes them) would run with, and why: the tuner's ranking, or the override.
     pub fn algorithm_for(&self, kind: CollKind, count: usize, dtype: DType, root: usize) -> Result<Choice> {
-        let shape = Shape::Count(count);
+        self.algorithm_for_shape(kind, &Shape::Count(count), dtype, root)
+    }
+
+    /// Like [`algorithm_for`](Self::algorithm_for), for any data layout: the blocks of an
+    /// uneven call (`Shape::Scatter` for [`reduce_scatter_v`](Self::reduce_scatter_v), say).
+    pub fn algorithm_for_shape(
+        &self,
+        kind: CollKind,
+        shape: &Shape,
+        dtype: DType,
+        root: usize,
+    ) -> Result<Choice> {
         if let Some(algo) = self.inner.config.algos.get(kind) {
             return Ok(Choice { algo, ranking: vec![(algo, f64::NAN)] });
         }
-        tune::rank(&self.inner.config.costs, &self.topology(), kind, root, &shape, dtype.size())
+        tune::rank(&self.inner.config.costs, &self.topology(), kind, root, shape, dtype.size())
     }
 
     /// The plan of a collective: from the cache, or built (algorithm, schedule, checks).

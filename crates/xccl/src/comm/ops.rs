@@ -26,11 +26,12 @@ fn expect(api: &'static str, what: &str, got: usize, want: usize) -> Result<()> 
     Ok(())
 }
 
-fn sum(counts: &[usize]) -> Result<usize> {
+/// The sum of `api`'s `what`, or an error if it overflows.
+fn sum(api: &'static str, what: &str, counts: &[usize]) -> Result<usize> {
     counts
         .iter()
         .try_fold(0usize, |a, &c| a.checked_add(c))
-        .ok_or_else(|| Error::invalid("counts", "counts overflow"))
+        .ok_or_else(|| Error::invalid(api, format!("{what} add up to more elements than memory can hold")))
 }
 
 impl Communicator {
@@ -96,7 +97,7 @@ impl Communicator {
     fn plan_all_gather_v<T: Element>(&self, in_len: usize, out_len: usize, counts: &[usize]) -> Plan {
         expect("all_gather_v", "counts", counts.len(), self.size())?;
         expect("all_gather_v", "the input", in_len, counts[self.rank()])?;
-        expect("all_gather_v", "the output", out_len, sum(counts)?)?;
+        expect("all_gather_v", "the output", out_len, sum("all_gather_v", "counts", counts)?)?;
         let args = PlanArgs {
             kind: CollKind::AllGather,
             op: None,
@@ -117,6 +118,41 @@ impl Communicator {
             root: None,
             count: out_len as u64,
             shape: Shape::Count(out_len),
+            elems: (in_len, out_len),
+            result: Some(out_len),
+        };
+        self.plan::<T>(args)
+    }
+
+    fn plan_reduce_scatter_v<T: Element>(
+        &self,
+        in_len: usize,
+        out_len: usize,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Plan {
+        const API: &str = "reduce_scatter_v";
+        if counts.len() != self.size() {
+            let msg = format!("counts has {} entries, expected {} (one per rank)", counts.len(), self.size());
+            return Err(Error::invalid(API, msg));
+        }
+        let total = sum(API, "counts", counts)?;
+        if in_len != total {
+            let msg = format!("the input has {in_len} elements, expected {total} (the sum of counts)");
+            return Err(Error::invalid(API, msg));
+        }
+        let (r, mine) = (self.rank(), counts[self.rank()]);
+        if out_len != mine {
+            let msg =
+                format!("the output has {out_len} elements, expected {mine} (counts[{r}], this rank's)");
+            return Err(Error::invalid(API, msg));
+        }
+        let args = PlanArgs {
+            kind: CollKind::ReduceScatter,
+            op: Some(op),
+            root: None,
+            count: u64::MAX,
+            shape: Shape::Scatter(Blocks::from_counts(counts)),
             elems: (in_len, out_len),
             result: Some(out_len),
         };
@@ -152,8 +188,8 @@ impl Communicator {
     ) -> Plan {
         expect("all_to_all_v", "send_counts", send.len(), self.size())?;
         expect("all_to_all_v", "recv_counts", recv.len(), self.size())?;
-        expect("all_to_all_v", "the input", in_len, sum(send)?)?;
-        expect("all_to_all_v", "the output", out_len, sum(recv)?)?;
+        expect("all_to_all_v", "the input", in_len, sum("all_to_all_v", "send_counts", send)?)?;
+        expect("all_to_all_v", "the output", out_len, sum("all_to_all_v", "recv_counts", recv)?)?;
         let args = PlanArgs {
             kind: CollKind::AllToAll,
             op: None,
@@ -365,6 +401,35 @@ impl Communicator {
         op: ReduceOp,
     ) -> Work<(Vec<T>, Vec<T>)> {
         let plan = self.plan_reduce_scatter::<T>(input.len(), output.len(), op);
+        let bufs = Bufs::pair(&input, &mut output);
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) with uneven blocks: every rank's `input`
+    /// holds `size()` consecutive blocks, block `i` of `counts[i]` elements; rank `i` gets
+    /// block `i` reduced by `op` in `output` (`counts[i]` elements). Every rank passes the
+    /// same `counts`; blocks may be empty.
+    pub fn reduce_scatter_v<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let plan = self.plan_reduce_scatter_v::<T>(input.len(), output.len(), counts, op);
+        self.block(plan, Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`reduce_scatter_v`](Self::reduce_scatter_v); gives back
+    /// `(input, output)`.
+    pub fn reduce_scatter_v_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Work<(Vec<T>, Vec<T>)> {
+        let plan = self.plan_reduce_scatter_v::<T>(input.len(), output.len(), counts, op);
         let bufs = Bufs::pair(&input, &mut output);
         self.spawn(plan, bufs, (input, output))
     }
