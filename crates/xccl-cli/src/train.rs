@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use xccl::Communicator;
 use xccl_train::checkpoint::{self, FILE_NAME};
-use xccl_train::config::{Balance, PipelineConfig};
+use xccl_train::config::{Balance, PipelineConfig, ZeroConfig};
 use xccl_train::data::{Task, TaskConfig};
 use xccl_train::ddp::DdpConfig;
 use xccl_train::model::{ModelConfig, ModelKind};
@@ -113,6 +113,10 @@ pub struct TrainArgs {
     /// How the ranks share the work.
     #[arg(long, value_enum, default_value_t = StrategyArg::Ddp)]
     pub strategy: StrategyArg,
+    /// ZeRO over the data-parallel group instead of DDP: 1 shards the optimizer state, 2 also
+    /// the gradients, 3 also the parameters (gathered block by block as they are needed).
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<u8>,
     /// ps-async: how many steps a worker may run ahead of the parameters it has (default 2).
     #[arg(long)]
     pub staleness: Option<u64>,
@@ -226,6 +230,13 @@ impl TrainArgs {
                 staleness: s.unwrap_or(2),
             }),
             (_, Some(_)) => return Err("--staleness applies to --strategy ps-async only".into()),
+        };
+        let strategy = match (self.zero, strategy) {
+            (None, s) => s,
+            (Some(stage), Strategy::Ddp(_)) => Strategy::Zero(ZeroConfig { stage }),
+            (Some(_), _) => {
+                return Err("--zero shards the state of data parallelism: use it with --strategy ddp".into());
+            }
         };
         if !matches!(strategy, Strategy::Ps(_)) && (self.servers != 1 || self.dedicated_servers) {
             return Err("--servers and --dedicated-servers apply to --strategy ps and ps-async".into());
@@ -499,6 +510,14 @@ impl Reporter {
 
 impl Observer for Reporter {
     fn start(&mut self, first: u64) {
+        // What building the model and loading the start freed (ZeRO stage 3 frees the whole
+        // model) goes back to the kernel, so the steps' peak memory is theirs.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the
+        // kernel (under the allocator's locks); no live allocation is touched.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         self.emit(&json!({"event": "start", "first": first, "tokens_per_step": self.tokens_per_step}));
     }
 

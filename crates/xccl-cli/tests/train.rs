@@ -89,6 +89,9 @@ fn parallel_processes_match_a_single_process() {
             ],
         ),
         ("ps", &["--dp", "3", "--strategy", "ps", "--servers", "2", "--steps", "20"]),
+        ("zero1", &["--dp", "2", "--zero", "1", "--steps", "20"]),
+        ("zero2-tp", &["--dp", "2", "--tp", "2", "--zero", "2", "--steps", "20"]),
+        ("zero3", &["--dp", "3", "--zero", "3", "--accum", "2", "--steps", "20"]),
     ] {
         let dir = out_dir(name);
         let out = train(&dir, args);
@@ -228,7 +231,9 @@ fn bad_flags_and_files_are_refused_with_a_reason() {
     std::fs::write(&empty, b"").unwrap();
     let text = dir.with_extension("text.txt");
     std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 15] = [
+        (&["--zero", "4"], "use 1, 2 or 3"),
+        (&["--zero", "1", "--strategy", "ps"], "use it with --strategy ddp"),
         (&["--pp", "2", "--micro-batches", "3"], "multiple of --dp × --micro-batches"),
         (&["--pp", "4"], "only 3 blocks"),
         (&["--pp", "2", "--schedule", "zigzag"], "gpipe"),

@@ -37,11 +37,22 @@ pub struct PsConfig {
     pub staleness: u64,
 }
 
+/// ZeRO (DeepSpeed's Zero Redundancy Optimizer; FSDP in PyTorch): what the data-parallel
+/// group partitions instead of replicating ([`crate::zero`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZeroConfig {
+    /// 1: the optimiser state; 2: and the gradients; 3: and the parameters.
+    pub stage: u8,
+}
+
 /// How the data-parallel ranks share the work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
     /// Every rank holds the parameters; gradients are all-reduced in buckets ([`crate::ddp`]).
     Ddp(DdpConfig),
+    /// Every rank holds a shard of the optimiser state (and of the gradients, and of the
+    /// parameters, by stage) ([`crate::zero`]).
+    Zero(ZeroConfig),
     /// Server ranks hold the parameters; workers push gradients and pull parameters
     /// ([`crate::ps`]).
     Ps(PsConfig),
@@ -56,6 +67,15 @@ impl std::fmt::Display for Strategy {
                 d.bucket_bytes >> 10,
                 d.first_bucket_bytes >> 10
             ),
+            Strategy::Zero(z) => {
+                let what = [
+                    "optimizer state",
+                    "optimizer state and gradients",
+                    "optimizer state, gradients and parameters",
+                ];
+                let what = what.get(usize::from(z.stage.max(1)) - 1).copied().unwrap_or("?");
+                write!(f, "ZeRO stage {} ({what} sharded)", z.stage)
+            }
             Strategy::Ps(p) => {
                 let kind = if p.staleness == 0 {
                     "synchronous".into()
@@ -169,6 +189,18 @@ impl TrainConfig {
         if let Some(p) = &self.pipeline {
             self.validate_pp(p)?;
         }
+        if let Strategy::Zero(z) = self.strategy {
+            if !(1..=3).contains(&z.stage) {
+                return Err(Error::config(format!("--zero {} is not a ZeRO stage: use 1, 2 or 3", z.stage)));
+            }
+            if z.stage > 1 && self.pipeline.is_some() {
+                return Err(Error::config(format!(
+                    "--zero {} shards gradients per block during backward, which a pipeline stage's \
+                     schedule does not allow: use --zero 1 with --pp",
+                    z.stage
+                )));
+            }
+        }
         self.optim.validate()
     }
 
@@ -236,6 +268,20 @@ impl TrainConfig {
             )));
         }
         let dp = world / (tp * pp);
+        if let Strategy::Zero(z) = self.strategy
+            && z.stage > 1
+            && self.batch < dp * self.accum
+        {
+            return Err(Error::config(format!(
+                "--zero {} reduces gradients and gathers parameters once per micro-batch, so every \
+                 data-parallel rank needs rows for each of its {} micro-batch(es): --batch {} is \
+                 less than --dp × --accum ({})",
+                z.stage,
+                self.accum,
+                self.batch,
+                dp * self.accum
+            )));
+        }
         if self.pipeline.is_some() && !self.batch.is_multiple_of(dp * self.accum) {
             return Err(Error::config(format!(
                 "--batch {} does not divide into {dp} data-parallel share(s) of {} equal \

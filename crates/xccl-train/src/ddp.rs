@@ -18,6 +18,7 @@ use xccl::{Communicator, ReduceOp, Work};
 pub use crate::config::DdpConfig;
 use crate::error::{Error, Result};
 use crate::metrics::StepStat;
+use crate::optim::Optimizer;
 use crate::params::{Chunks, ParamSet};
 use crate::run::{Context, Finish, Observer, Start};
 use crate::trace::{Kind, Trace, unix_us};
@@ -131,7 +132,11 @@ pub(crate) fn run(
 ) -> Result<Finish> {
     let dp = cx.mesh.dp();
     let (mut ddp, mut grads) = Ddp::new(dp.clone(), cx.model.params(), config)?;
-    let Start { step: first, mut params, mut optimizer, mut losses } = start;
+    let Start { step: first, params, mut optimizer, mut losses } = start;
+    // The model's variables hold the parameters; the optimiser updates them bucket by
+    // bucket, so no second flat copy is kept.
+    drop(params);
+    let set = cx.model.params();
     let mut steps = Vec::new();
     let mut peak_rss = 0;
     let mut timeline = Vec::new();
@@ -139,16 +144,18 @@ pub(crate) fn run(
         let t0 = Instant::now();
         let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
         grads.zero();
-        let (local, pipe) = cx.gradients(&share, norm, &mut grads, trace, |k, g| ddp.block_done(k, g))?;
+        let (local, pipe) = cx.gradients(&share, norm, &mut grads, trace, None, |k, g, last| {
+            if last {
+                ddp.block_done(k, g);
+            }
+            Ok(())
+        })?;
         let w0 = Instant::now();
         let (loss, wait) = ddp.finish(&mut grads, local)?;
         trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
         let loss = cx.finish_step(&mut grads, loss)?;
         let sent = cx.step_comm(trace);
-        trace.span(
-            || "optimizer".into(),
-            || optimizer.step(&mut params, &grads).and_then(|()| cx.model.params().write(&params)),
-        )?;
+        trace.span(|| "optimizer".into(), || step_in_place(set, &mut optimizer, &grads))?;
         let stat = StepStat {
             step,
             seconds: t0.elapsed().as_secs_f64(),
@@ -171,10 +178,29 @@ pub(crate) fn run(
         }
         // The tensor-parallel group of data-parallel rank 0 gathers and writes.
         if dp.rank() == 0 && cx.checkpoint_due(step + 1) {
+            let params = set.read()?;
             trace.span(|| "checkpoint".into(), || cx.save(step + 1, &params, optimizer.state(), &losses))?;
         }
     }
-    Ok(Finish { params, steps, losses, role: "worker", peak_rss, timeline })
+    let states = optimizer.state().len() as u64;
+    let local = 4 * set.len() as u64;
+    let held = [local, local, states * local];
+    Ok(Finish { params: set.read()?, steps, losses, role: "worker", peak_rss, timeline, held })
+}
+
+/// One optimiser step over the parameters in `set`, chunk by chunk of `grads` (each
+/// covers whole parameters): read, update, written back.
+pub(crate) fn step_in_place(set: &ParamSet, optimizer: &mut Optimizer, grads: &Chunks) -> Result<()> {
+    if grads.len() != set.len() || optimizer.len() != set.len() {
+        return Err(Error::internal("the optimizer, gradients and parameters differ in length"));
+    }
+    optimizer.begin_step();
+    for (range, g) in grads.iter() {
+        let mut p = set.read_range(range.clone())?;
+        optimizer.update(range.start, &mut p, g)?;
+        set.write_range(range.start, &p)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -90,5 +90,6 @@ pub mod run;
 pub mod tp;
 pub mod trace;
 pub mod trainer;
+pub mod zero;
 
 pub use error::{Error, Result};

@@ -51,6 +51,9 @@ pub struct RankReport {
     /// Peak resident memory of its process during its steps (before the final
     /// checkpoint), bytes; 0 where unknown.
     pub peak_rss_bytes: u64,
+    /// Bytes it holds between steps for parameters, gradients and optimiser state (data
+    /// parallelism and ZeRO count them; zero where not counted).
+    pub held_bytes: [u64; 3],
     /// Pipeline: the forwards and backwards of its last step, `(name, start µs since the
     /// Unix epoch, duration µs)`.
     pub timeline: Lane,
@@ -83,6 +86,13 @@ pub fn bus_bytes(size: usize, ops: &[xccl::OpSpan]) -> u64 {
     bus.round() as u64
 }
 
+/// Starts measuring the peak resident memory afresh (the peak of what training holds, not
+/// of building the model): resets the kernel's high-water mark (`/proc/self/clear_refs`).
+/// Where that is not allowed the peak stays the process's.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// The peak resident memory of this process (`VmHWM`), bytes; 0 where it cannot be read.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -109,6 +119,7 @@ impl RankReport {
             "spans": trace::to_json(&self.spans),
             "params_held": self.params_held,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "held_bytes": self.held_bytes,
             "timeline": self.timeline,
         })
     }
@@ -135,6 +146,7 @@ impl RankReport {
             spans: trace::from_json(&v["spans"]),
             params_held: usize::try_from(v["params_held"].as_u64()?).ok()?,
             peak_rss_bytes: v["peak_rss_bytes"].as_u64()?,
+            held_bytes: serde_json::from_value(v["held_bytes"].clone()).ok()?,
             timeline: serde_json::from_value(v["timeline"].clone()).ok()?,
         })
     }
@@ -286,6 +298,8 @@ pub struct RankFacts {
     pub params_held: usize,
     /// Peak resident memory of its process, bytes.
     pub peak_rss_bytes: u64,
+    /// Bytes held between steps for parameters, gradients and optimiser state.
+    pub held_bytes: [u64; 3],
     /// Mean bytes sent per step through the tensor-parallel, data-parallel and pipeline
     /// groups.
     pub sent_per_step: [f64; 3],
@@ -332,6 +346,7 @@ impl Summary {
                     rank: r.rank,
                     params_held: r.params_held,
                     peak_rss_bytes: r.peak_rss_bytes,
+                    held_bytes: r.held_bytes,
                     sent_per_step: [mean(0), mean(1), mean(2)],
                 }
             })
@@ -403,6 +418,7 @@ impl Summary {
                 "rank": r.rank,
                 "params_held": r.params_held,
                 "peak_rss_bytes": r.peak_rss_bytes,
+                "held_bytes": {"params": r.held_bytes[0], "grads": r.held_bytes[1], "optimizer": r.held_bytes[2]},
                 "comm_bytes": {"tp": r.sent_per_step[0], "dp": r.sent_per_step[1], "pp": r.sent_per_step[2]},
             })).collect::<Vec<_>>(),
             "pipeline": self.pipeline,
@@ -479,12 +495,24 @@ impl Summary {
                 .filter(|(_, b)| *b > 0.0)
                 .map(|(l, b)| format!("{l} {:.1} KiB", b / 1024.0))
                 .collect();
+            let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+            let [p, g, o] = r.held_bytes;
+            let held = if p + g + o > 0 {
+                format!(
+                    " (holds {:.1} MiB parameters, {:.1} MiB gradients, {:.1} MiB optimizer state)",
+                    mib(p),
+                    mib(g),
+                    mib(o)
+                )
+            } else {
+                String::new()
+            };
             s += &format!(
-                "rank {:<3}            {} parameters ({:.1}% of the model), peak memory {:.1} MiB{}{}\n",
+                "rank {:<3}            {} parameters ({:.1}% of the model), peak memory {:.1} MiB{held}{}{}\n",
                 r.rank,
                 r.params_held,
                 100.0 * r.params_held as f64 / self.params.max(1) as f64,
-                r.peak_rss_bytes as f64 / f64::from(1u32 << 20),
+                mib(r.peak_rss_bytes),
                 if comm.is_empty() { "" } else { ", sends per step " },
                 comm.join(", ")
             );
@@ -519,6 +547,7 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 1 << 20,
+                held_bytes: [0; 3],
                 timeline: vec![("F(0,0)".into(), 1000.0, 500.0)],
             },
             RankReport {
@@ -535,6 +564,7 @@ mod tests {
                 spans: Vec::new(),
                 params_held: 10,
                 peak_rss_bytes: 0,
+                held_bytes: [0; 3],
                 timeline: vec![("B(0,0)".into(), 3000.0, 1000.0)],
             },
         ];

@@ -150,7 +150,7 @@ impl Optimizer {
     /// One step: updates `params` with the gradients in `grads`, whose chunks cover
     /// `params` exactly (chunk ranges index into `params` and the state).
     pub fn step(&mut self, params: &mut [f32], grads: &Chunks) -> Result<()> {
-        let len = self.state.first().map_or(params.len(), Vec::len);
+        let len = self.len();
         if params.len() != len || grads.len() != len {
             return Err(Error::internal(format!(
                 "optimizer over {len} elements given {} parameters and {} gradients",
@@ -158,37 +158,69 @@ impl Optimizer {
                 grads.len()
             )));
         }
-        self.steps += 1;
-        let t = self.steps as i32;
+        self.begin_step();
         for (range, g) in grads.iter() {
-            let p = &mut params[range.clone()];
-            match self.config {
-                OptimConfig::Sgd { lr, momentum, weight_decay } => {
-                    let (lr, mu, wd) = (lr as f32, momentum as f32, weight_decay as f32);
-                    let b = &mut self.state[0][range];
-                    for ((p, b), &g) in p.iter_mut().zip(b).zip(g) {
-                        let g = g + wd * *p;
-                        *b = mu * *b + g;
-                        *p -= lr * *b;
-                    }
+            self.update(range.start, &mut params[range.clone()], g)?;
+        }
+        Ok(())
+    }
+
+    /// Elements it holds state for.
+    pub fn len(&self) -> usize {
+        self.state.first().map_or(0, Vec::len)
+    }
+
+    /// Whether it holds no state (SGD without momentum state is never empty: every
+    /// optimiser here keeps at least one vector).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts a step taken piece by piece with [`update`](Self::update) (the step count
+    /// used by bias correction advances once).
+    pub fn begin_step(&mut self) {
+        self.steps += 1;
+    }
+
+    /// Updates `params` (the elements `at .. at + params.len()` of what the optimiser
+    /// covers) with their gradients `grads`, within the step begun last.
+    pub fn update(&mut self, at: usize, params: &mut [f32], grads: &[f32]) -> Result<()> {
+        let range = at..at + params.len();
+        if grads.len() != params.len() || range.end > self.len() {
+            return Err(Error::internal(format!(
+                "update of elements {range:?} (with {} gradients) beyond the optimizer's {}",
+                grads.len(),
+                self.len()
+            )));
+        }
+        let t = self.steps.max(1) as i32;
+        match self.config {
+            OptimConfig::Sgd { lr, momentum, weight_decay } => {
+                let (lr, mu, wd) = (lr as f32, momentum as f32, weight_decay as f32);
+                let b = &mut self.state[0][range];
+                for ((p, b), &g) in params.iter_mut().zip(b).zip(grads) {
+                    let g = g + wd * *p;
+                    *b = mu * *b + g;
+                    *p -= lr * *b;
                 }
-                OptimConfig::AdamW { lr, beta1, beta2, eps, weight_decay } => {
-                    let decay = (1.0 - lr * weight_decay) as f32;
-                    let (b1, b2) = (beta1 as f32, beta2 as f32);
-                    let (c1, c2) = ((1.0 - beta1) as f32, (1.0 - beta2) as f32);
-                    let scale_m = (1.0 / (1.0 - beta1.powi(t))) as f32;
-                    let scale_v = (1.0 / (1.0 - beta2.powi(t))) as f32;
-                    let (lr, eps) = (lr as f32, eps as f32);
-                    let [m, v] = &mut self.state[..] else {
-                        return Err(Error::internal("AdamW without its two moments"));
-                    };
-                    for (((p, m), v), &g) in p.iter_mut().zip(&mut m[range.clone()]).zip(&mut v[range]).zip(g)
-                    {
-                        *m = b1 * *m + c1 * g;
-                        *v = b2 * *v + c2 * g * g;
-                        let update = (*m * scale_m) / ((*v * scale_v).sqrt() + eps);
-                        *p = *p * decay - lr * update;
-                    }
+            }
+            OptimConfig::AdamW { lr, beta1, beta2, eps, weight_decay } => {
+                let decay = (1.0 - lr * weight_decay) as f32;
+                let (b1, b2) = (beta1 as f32, beta2 as f32);
+                let (c1, c2) = ((1.0 - beta1) as f32, (1.0 - beta2) as f32);
+                let scale_m = (1.0 / (1.0 - beta1.powi(t))) as f32;
+                let scale_v = (1.0 / (1.0 - beta2.powi(t))) as f32;
+                let (lr, eps) = (lr as f32, eps as f32);
+                let [m, v] = &mut self.state[..] else {
+                    return Err(Error::internal("AdamW without its two moments"));
+                };
+                for (((p, m), v), &g) in
+                    params.iter_mut().zip(&mut m[range.clone()]).zip(&mut v[range]).zip(grads)
+                {
+                    *m = b1 * *m + c1 * g;
+                    *v = b2 * *v + c2 * g * g;
+                    let update = (*m * scale_m) / ((*v * scale_v).sqrt() + eps);
+                    *p = *p * decay - lr * update;
                 }
             }
         }

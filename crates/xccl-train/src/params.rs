@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::{Arc, RwLock};
 
 use candle_core::{Tensor, TensorId, Var};
 
@@ -124,10 +125,17 @@ fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
 }
 
 /// One named, trainable tensor of a block.
+///
+/// Clones share one cell holding the variable: the layers of a block hold clones and read
+/// the current variable at every forward, so the value can be released (its memory freed)
+/// and materialised again (ZeRO stage 3 keeps only a shard between uses) without the
+/// layers knowing.
 #[derive(Clone, Debug)]
 pub struct Param {
     name: String,
-    var: Var,
+    var: Arc<RwLock<Var>>,
+    /// This rank's shape (its piece of the full tensor).
+    shape: Vec<usize>,
     shard: Shard,
     full_shape: Vec<usize>,
 }
@@ -136,12 +144,13 @@ impl Param {
     /// A parameter called `name` held in `var`, not sharded.
     pub fn new(name: impl Into<String>, var: Var) -> Param {
         let full_shape = var.as_tensor().dims().to_vec();
-        Param { name: name.into(), var, shard: Shard::Replicated, full_shape }
+        Param::sharded(name, var, Shard::Replicated, full_shape)
     }
 
     /// A parameter holding piece `shard` of the full tensor of shape `full_shape`.
     pub fn sharded(name: impl Into<String>, var: Var, shard: Shard, full_shape: Vec<usize>) -> Param {
-        Param { name: name.into(), var, shard, full_shape }
+        let shape = var.as_tensor().dims().to_vec();
+        Param { name: name.into(), var: Arc::new(RwLock::new(var)), shape, shard, full_shape }
     }
 
     /// How it is divided over the tensor-parallel group.
@@ -154,19 +163,64 @@ impl Param {
         &self.full_shape
     }
 
+    /// The shape this rank holds.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
     /// Its full name, e.g. `h01.attn.qkv.weight`.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The variable holding its value.
-    pub fn var(&self) -> &Var {
-        &self.var
+    fn cell(&self) -> std::sync::RwLockReadGuard<'_, Var> {
+        // A writer never panics while holding the lock, so a poisoned lock still holds a
+        // whole variable.
+        self.var.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Its value, as a tensor that tracks gradients.
-    pub fn tensor(&self) -> &Tensor {
-        self.var.as_tensor()
+    /// The variable currently holding its value (a handle: setting it sets the parameter).
+    pub fn var(&self) -> Var {
+        self.cell().clone()
+    }
+
+    /// Its value, as a tensor that tracks gradients (the variable's current tensor).
+    pub fn tensor(&self) -> Tensor {
+        self.cell().as_tensor().clone()
+    }
+
+    /// Whether its value is held (not [released](Self::release)).
+    pub fn is_resident(&self) -> bool {
+        self.cell().as_tensor().dims() == self.shape.as_slice()
+    }
+
+    /// Sets its value from `values` (this rank's shape, row-major); a released parameter is
+    /// materialised again in a new variable.
+    pub fn set(&self, values: &[f32]) -> Result<()> {
+        let n: usize = self.shape.iter().product();
+        if values.len() != n {
+            return Err(Error::internal(format!(
+                "{} values given for parameter {} of {n} elements",
+                values.len(),
+                self.name
+            )));
+        }
+        let t = Tensor::from_slice(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
+        if self.is_resident() {
+            return Ok(self.cell().set(&t)?);
+        }
+        let var = Var::from_tensor(&t)?;
+        *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = var;
+        Ok(())
+    }
+
+    /// Drops its value: the memory is freed once no graph holds the old tensor. Reading it
+    /// again needs [`set`](Self::set) first; a forward on a released parameter fails with a
+    /// shape error.
+    pub fn release(&self) -> Result<()> {
+        let empty = Var::from_tensor(&Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?)?;
+        *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = empty;
+        Ok(())
     }
 }
 
@@ -310,7 +364,7 @@ impl ParamSet {
             let mut params: Vec<&Param> = params.iter().collect();
             params.sort_by(|a, b| a.name.cmp(&b.name));
             for p in params {
-                let shape = p.tensor().dims().to_vec();
+                let shape = p.shape.clone();
                 if p.shard.local_shape(&p.full_shape) != shape {
                     return Err(Error::internal(format!(
                         "parameter {} holds {shape:?}, not its piece of {:?}",
@@ -329,7 +383,7 @@ impl ParamSet {
                     full_offset: entry.offset,
                     mirror,
                 });
-                len += p.tensor().elem_count();
+                len += p.shape.iter().product::<usize>();
             }
         }
         let mut by_id = HashMap::new();
@@ -433,6 +487,55 @@ impl ParamSet {
         Ok(flat)
     }
 
+    /// The elements `range` of this rank's flat vector, read from the parameters.
+    pub fn read_range(&self, range: Range<usize>) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(range.len());
+        for s in &self.slots {
+            let r = s.range();
+            let (from, to) = (range.start.max(r.start), range.end.min(r.end));
+            if from >= to {
+                continue;
+            }
+            let t = s.param.tensor();
+            let (storage, layout) = t.storage_and_layout();
+            let values = match (&*storage, layout.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b)))
+                    if b - a == r.len() =>
+                {
+                    &v[a..b]
+                }
+                _ => {
+                    return Err(Error::internal(format!(
+                        "parameter {} is not a resident contiguous f32 tensor",
+                        s.param.name
+                    )));
+                }
+            };
+            out.extend_from_slice(&values[from - r.start..to - r.start]);
+        }
+        Ok(out)
+    }
+
+    /// Sets the parameters whose elements are `at .. at + values.len()` of this rank's flat
+    /// vector (whole parameters only) from `values`.
+    pub fn write_range(&self, at: usize, values: &[f32]) -> Result<()> {
+        let range = at..at + values.len();
+        for s in &self.slots {
+            let r = s.range();
+            if r.end <= range.start || r.start >= range.end {
+                continue;
+            }
+            if r.start < range.start || r.end > range.end {
+                return Err(Error::internal(format!(
+                    "elements {range:?} cover parameter {} ({r:?}) only in part",
+                    s.param.name
+                )));
+            }
+            s.param.set(&values[r.start - at..r.end - at])?;
+        }
+        Ok(())
+    }
+
     /// Sets every parameter from `flat` (as [`read`](Self::read) returns it).
     pub fn write(&self, flat: &[f32]) -> Result<()> {
         if flat.len() != self.len {
@@ -443,8 +546,7 @@ impl ParamSet {
             )));
         }
         for s in &self.slots {
-            let t = Tensor::from_slice(&flat[s.range()], s.shape.as_slice(), s.param.tensor().device())?;
-            s.param.var.set(&t)?;
+            s.param.set(&flat[s.range()])?;
         }
         Ok(())
     }
@@ -468,6 +570,19 @@ impl Chunks {
             starts.push(starts[starts.len() - 1] + l);
         }
         Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect() }
+    }
+
+    /// Chunks of the given lengths that hold nothing yet: each is allocated, zeroed, when
+    /// something is first added to it, and may be [taken](Self::take) for good (ZeRO stages
+    /// 2 and 3 keep a block's full gradient only until it is reduce-scattered).
+    pub fn vacant(lens: &[usize]) -> Chunks {
+        let mut c = Chunks::new(&vec![0; lens.len()]);
+        let mut starts = vec![0];
+        for &l in lens {
+            starts.push(starts[starts.len() - 1] + l);
+        }
+        c.starts = starts;
+        c
     }
 
     /// One chunk holding `values`.
@@ -531,6 +646,9 @@ impl Chunks {
         while !rest.is_empty() {
             let i = self.starts.partition_point(|&s| s <= pos) - 1;
             let at = pos - self.starts[i];
+            if self.bufs[i].is_empty() {
+                self.bufs[i] = vec![0.0; self.range(i).len()];
+            }
             let n = rest.len().min(self.bufs[i].len() - at);
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
                 f(d, *s);

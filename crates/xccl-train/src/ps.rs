@@ -515,7 +515,7 @@ fn work(
         let (version, waited) = worker.acquire(need, cx)?;
         trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
         let (share, norm) = trace.span(|| "data".into(), || cx.share(clock, index, workers));
-        let (loss, _) = cx.gradients(&share, norm, &mut grads, trace, |_, _| ())?;
+        let (loss, _) = cx.gradients(&share, norm, &mut grads, trace, None, |_, _, _| Ok(()))?;
         worker.push(&mut grads, loss)?;
         let stat = StepStat {
             step: clock,
@@ -620,5 +620,7 @@ pub(crate) fn run(
         role,
         peak_rss: crate::metrics::peak_rss_bytes(),
         timeline: Vec::new(),
+        // Not counted for the parameter server.
+        held: [0; 3],
     })
 }

@@ -14,7 +14,7 @@ use crate::data::{Batch, Task, shares};
 use crate::error::{Error, Result, agree_with_root};
 use crate::mesh::Mesh;
 use crate::metrics::{PipelineFacts, RankReport, StepStat, Summary, bus_bytes, gather_reports};
-use crate::model::{Graph, Model};
+use crate::model::{Graph, Model, Residency};
 use crate::optim::Optimizer;
 use crate::params::Chunks;
 use crate::pipeline::execute::{PipeStat, Pipeline};
@@ -66,6 +66,8 @@ pub(crate) struct Finish {
     pub steps: Vec<StepStat>,
     pub losses: Vec<(u64, f64)>,
     pub role: &'static str,
+    /// Bytes held between steps for parameters, gradients and optimiser state.
+    pub held: [u64; 3],
 }
 
 /// The pieces every strategy's loop uses.
@@ -167,38 +169,54 @@ impl Context<'_> {
     }
 
     /// Accumulates into `grads` the gradient of this worker's part of the global mean loss
-    /// over its `share`, cut into micro-batches; `last_block_done(k, grads)` is called when
-    /// the backward of the last non-empty micro-batch has finished block `k` (and every later
-    /// one). Returns this worker's part of the loss and, in a pipeline, what its schedule
-    /// did (the loss is then known on the last stage only).
+    /// over its `share`, cut into micro-batches; `block_done(k, grads, last)` is called when
+    /// the backward of a micro-batch has finished block `k` (and every later one), `last`
+    /// on the last non-empty micro-batch (in a pipeline, only then). With `residency`
+    /// (ZeRO stage 3) every block's forward runs again in backward ([`Graph::Recompute`])
+    /// and `residency` is told when each block needs its parameters. Returns this worker's
+    /// part of the loss and, in a pipeline, what its schedule did (the loss is then known
+    /// on the last stage only).
     pub fn gradients(
         &self,
         share: &Batch,
         norm: f64,
         grads: &mut Chunks,
         trace: &mut Trace,
-        mut last_block_done: impl FnMut(usize, &mut Chunks),
+        residency: Option<&mut dyn Residency>,
+        mut block_done: impl FnMut(usize, &mut Chunks, bool) -> Result<()>,
     ) -> Result<(f64, Option<PipeStat>)> {
         if let Some(p) = self.pipeline {
-            let (loss, stat) = p.run(self.model, share, norm, grads, trace, last_block_done)?;
-            return Ok((loss, Some(stat)));
+            if residency.is_some() {
+                return Err(Error::internal("a pipeline stage keeps its parameters"));
+            }
+            let mut failed = None;
+            let (loss, stat) = p.run(self.model, share, norm, grads, trace, |k, g| {
+                if let Err(e) = block_done(k, g, true) {
+                    failed.get_or_insert(e);
+                }
+            })?;
+            return match failed {
+                Some(e) => Err(e),
+                None => Ok((loss, Some(stat))),
+            };
         }
+        let (graph, residency) = match residency {
+            Some(r) => (Graph::Recompute, r),
+            None => (Graph::Blockwise, &mut () as &mut dyn Residency),
+        };
         let micro: Vec<_> =
             shares(share.rows, self.config.accum).into_iter().filter(|r| !r.is_empty()).collect();
         let mut loss_sum = 0.0;
         for (i, rows) in micro.iter().enumerate() {
             let last = i + 1 == micro.len();
             let (ids, targets, mask) = share.rows(rows.clone()).tensors()?;
-            let fwd = self.model.forward(&ids, Graph::Blockwise, trace)?;
+            let fwd = self.model.forward_with(&ids, graph, trace, residency)?;
             let loss =
                 trace.span(|| "loss".into(), || self.model.loss(fwd.logits(), &targets, &mask, norm))?;
             loss_sum += f64::from(loss.to_scalar::<f32>()?);
-            self.model.backward(fwd, &loss, trace, |k, g| {
+            self.model.backward_with(fwd, &loss, trace, residency, |k, g| {
                 grads.add_grads(self.model.params(), &g)?;
-                if last {
-                    last_block_done(k, grads);
-                }
-                Ok(())
+                block_done(k, grads, last)
             })?;
         }
         Ok((loss_sum, None))
@@ -303,6 +321,7 @@ pub(crate) fn end(cx: &Context, finish: Finish, mut trace: Trace, wall: f64) -> 
         spans: trace.take(),
         params_held: model.params().len(),
         peak_rss_bytes: finish.peak_rss,
+        held_bytes: finish.held,
         timeline: finish
             .timeline
             .iter()

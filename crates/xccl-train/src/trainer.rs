@@ -20,7 +20,7 @@ use crate::model::Model;
 use crate::run::{self, Context};
 use crate::tp::Tp;
 use crate::trace::Trace;
-use crate::{ddp, pipeline, ps};
+use crate::{ddp, pipeline, ps, zero};
 
 /// Trains as one rank of `world` (every rank calls this with the same configuration),
 /// telling `observer` how it goes. Returns the final parameters on every rank; rank 0 also
@@ -59,11 +59,22 @@ pub fn train(world: &Communicator, config: &TrainConfig, observer: &mut dyn Obse
     };
     let start = run::start(&cx)?;
     model.params().write(&start.params)?;
-    observer.start(start.step);
+    let first = start.step;
+    // ZeRO keeps only its slices of what the run starts from (stage 3 frees the
+    // parameters) before the steps begin.
+    let (zero, start) = match config.strategy {
+        Strategy::Zero(z) => (Some(zero::Zero::new(&cx, z, start)?), None),
+        _ => (None, Some(start)),
+    };
+    observer.start(first);
+    // The peak memory reported is that of the steps, not of building the model.
+    crate::metrics::reset_peak_rss();
     cx.started = Instant::now();
-    let finish = match config.strategy {
-        Strategy::Ddp(d) => ddp::run(&cx, d, start, &mut trace, observer)?,
-        Strategy::Ps(p) => ps::run(&cx, p, start, &mut trace, observer)?,
+    let finish = match (config.strategy, zero, start) {
+        (_, Some(z), _) => zero::run(&cx, z, &mut trace, observer)?,
+        (Strategy::Ddp(d), None, Some(start)) => ddp::run(&cx, d, start, &mut trace, observer)?,
+        (Strategy::Ps(p), None, Some(start)) => ps::run(&cx, p, start, &mut trace, observer)?,
+        _ => return Err(crate::Error::internal("a strategy without where it starts")),
     };
     let wall = cx.started.elapsed().as_secs_f64();
     run::end(&cx, finish, trace, wall)

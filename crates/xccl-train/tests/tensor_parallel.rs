@@ -161,7 +161,7 @@ fn parallel_layers_match_the_plain_ones() {
                 let grads = (weigh_mine(&y) + weigh_mine(&e)).unwrap().backward().unwrap();
                 let gp: Vec<(Shard, Vec<usize>, Vec<f32>)> = params
                     .iter()
-                    .map(|p| (p.shard(), p.full_shape().to_vec(), values(grads.get(p.tensor()).unwrap())))
+                    .map(|p| (p.shard(), p.full_shape().to_vec(), values(grads.get(&p.tensor()).unwrap())))
                     .collect();
                 (values(&hidden), values(&y), values(&e), values(grads.get(x.as_tensor()).unwrap()), gp)
             });
@@ -173,8 +173,8 @@ fn parallel_layers_match_the_plain_ones() {
             let rb = init.constant("r.bias".into(), &[inputs], 0.0).unwrap();
             let ew = init.normal("e".into(), &[vocab, inputs], 0.3).unwrap();
             let x = Var::from_tensor(&input(&[2, 12, inputs], 1)).unwrap();
-            let col = Linear::new(cw.tensor().clone(), Some(cb.tensor().clone()));
-            let row = Linear::new(rw.tensor().clone(), Some(rb.tensor().clone()));
+            let col = Linear::new(cw.clone(), Some(cb.clone()));
+            let row = Linear::new(rw.clone(), Some(rb.clone()));
             let hidden = candle_core::Module::forward(&col, x.as_tensor()).unwrap();
             let y = candle_core::Module::forward(&row, &hidden).unwrap();
             let ids =
@@ -227,7 +227,7 @@ fn parallel_layers_match_the_plain_ones() {
                 close(
                     &format!("gradient of {} ({what})", p.name()),
                     &got,
-                    &values(grads.get(p.tensor()).unwrap()),
+                    &values(grads.get(&p.tensor()).unwrap()),
                 );
             }
         }

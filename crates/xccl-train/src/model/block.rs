@@ -95,7 +95,7 @@ impl Init {
     ) -> Result<Linear> {
         let w = self.normal(format!("{name}.weight"), &[outputs, inputs], std)?;
         let b = self.constant(format!("{name}.bias"), &[outputs], 0.0)?;
-        let layer = Linear::new(w.tensor().clone(), Some(b.tensor().clone()));
+        let layer = Linear::new(w.clone(), Some(b.clone()));
         params.extend([w, b]);
         Ok(layer)
     }
@@ -105,7 +105,7 @@ impl Init {
     pub fn layer_norm(&mut self, params: &mut Vec<Param>, name: &str, width: usize) -> Result<LayerNorm> {
         let w = self.constant(format!("{name}.weight"), &[width], 1.0)?;
         let b = self.constant(format!("{name}.bias"), &[width], 0.0)?;
-        let norm = LayerNorm { weight: w.tensor().clone(), bias: b.tensor().clone() };
+        let norm = LayerNorm { weight: w.clone(), bias: b.clone() };
         params.extend([w, b]);
         Ok(norm)
     }
@@ -115,13 +115,13 @@ impl Init {
 /// layer norm has no backward, and the parameters before it would silently get no gradient).
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
+    weight: Param,
+    bias: Param,
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        ops::layer_norm(x, &self.weight, &self.bias)
+        ops::layer_norm(x, &self.weight.tensor(), &self.bias.tensor())
     }
 }
 
@@ -131,29 +131,30 @@ impl Module for LayerNorm {
 #[derive(Clone, Debug)]
 pub struct Linear {
     /// `[outputs, inputs]`.
-    weight: Tensor,
-    bias: Option<Tensor>,
+    weight: Param,
+    bias: Option<Param>,
 }
 
 impl Linear {
     /// The layer with `weight` (`[outputs, inputs]`) and an optional `bias` (`[outputs]`).
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+    pub fn new(weight: Param, bias: Option<Param>) -> Linear {
         Linear { weight, bias }
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (outputs, inputs) = self.weight.dims2()?;
+        let weight = self.weight.tensor();
+        let (outputs, inputs) = weight.dims2()?;
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / inputs.max(1);
         // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
         // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
         // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
         // the weight's size per backward (candle accumulates every node's gradient).
-        let y = self.weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
+        let y = weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
         let y = match &self.bias {
-            Some(b) => ops::bias_add(&y, b)?,
+            Some(b) => ops::bias_add(&y, &b.tensor())?,
             None => y,
         };
         if let Some(last) = dims.last_mut() {

@@ -52,7 +52,7 @@ pub fn build(
 /// parallelism, this rank's `[rows, len / tp, width]`).
 struct Embed {
     tok: VocabParallelEmbedding,
-    pos: Tensor,
+    pos: Param,
     params: Vec<Param>,
     context: usize,
     tp: Tp,
@@ -64,9 +64,8 @@ impl Embed {
         let tok =
             VocabParallelEmbedding::new(init, &mut params, "embed.tok", (cfg.vocab, cfg.width), STD, tp)?;
         let pos = init.normal("embed.pos".into(), &[cfg.context, cfg.width], STD)?;
-        let pos_tensor = pos.tensor().clone();
-        params.push(pos);
-        Ok(Embed { tok, pos: pos_tensor, params, context: cfg.context, tp: tp.clone() })
+        params.push(pos.clone());
+        Ok(Embed { tok, pos, params, context: cfg.context, tp: tp.clone() })
     }
 }
 
@@ -81,7 +80,7 @@ impl Block for Embed {
         // Under sequence parallelism this rank holds positions first .. first + len.
         let len = tok.dim(1)?;
         let first = if self.tp.sp() { self.tp.rank() * len } else { 0 };
-        tok.broadcast_add(&self.pos.narrow(0, first, len)?)
+        tok.broadcast_add(&self.pos.tensor().narrow(0, first, len)?)
     }
 
     fn params(&self) -> &[Param] {
@@ -170,7 +169,7 @@ impl Head {
         let mut params = Vec::new();
         let norm = init.layer_norm(&mut params, "head.norm", cfg.width)?;
         let (out, shared) = match tied {
-            Some(tok) => (ColumnParallelLinear::on_weight(tok.tensor().clone(), tp), vec![tok]),
+            Some(tok) => (ColumnParallelLinear::on_weight(tok.clone(), tp), vec![tok]),
             None => {
                 let shape = (cfg.width, cfg.vocab);
                 (

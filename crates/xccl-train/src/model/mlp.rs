@@ -31,7 +31,7 @@ pub fn build(
     }
     let e = embed_width(cfg);
     let tok = init.normal("embed.tok".into(), &[cfg.vocab, e], 1.0)?;
-    emit(Box::new(Window { tok: tok.tensor().clone(), params: vec![tok], context: cfg.context }))?;
+    emit(Box::new(Window { tok: tok.clone(), params: vec![tok], context: cfg.context }))?;
     let mut inputs = cfg.context * e;
     for l in 0..cfg.layers {
         let name = format!("h{l:02}");
@@ -49,7 +49,7 @@ pub fn build(
 /// Ids `[rows, len]` to `[rows, len, context * embed]`: position `t` holds the embeddings of
 /// tokens `t - context + 1 ..= t`, oldest first.
 struct Window {
-    tok: Tensor,
+    tok: Param,
     params: Vec<Param>,
     context: usize,
 }
@@ -61,8 +61,9 @@ impl Block for Window {
 
     fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
         let (b, t) = expect_ids("embed", ids, self.context)?;
-        let e = self.tok.dim(1)?;
-        let emb = self.tok.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, e))?;
+        let tok = self.tok.tensor();
+        let e = tok.dim(1)?;
+        let emb = tok.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, e))?;
         let n = self.context;
         let padded = if n > 1 {
             Tensor::cat(&[&Tensor::zeros((b, n - 1, e), emb.dtype(), emb.device())?, &emb], 1)?

@@ -73,8 +73,36 @@ impl std::fmt::Display for ModelConfig {
 pub enum Graph {
     /// Each block gets a leaf input, so backward runs block by block.
     Blockwise,
+    /// As [`Graph::Blockwise`], but only each block's input is kept: every block but the
+    /// last drops its graph (and with it every reference to its parameters) after its
+    /// forward, and runs its forward again just before its backward. With a [`Residency`]
+    /// that frees parameters, at most a few blocks' parameters exist at any time.
+    Recompute,
     /// One graph through the whole model (the reference for tests, and inference).
     Whole,
+}
+
+/// Where a block's parameters are while a step runs: a forward or backward pass calls
+/// [`fetch`](Residency::fetch) before block `k` uses its parameters and
+/// [`evict`](Residency::evict) once it no longer needs them. Plain training keeps every
+/// parameter (`()`, which does nothing); ZeRO stage 3 gathers a block's shards on fetch
+/// and frees the gathered values on evict.
+pub trait Residency {
+    /// Block `k` is about to run; `next` is the block that will run after it (to prefetch).
+    fn fetch(&mut self, k: usize, next: Option<usize>) -> Result<()>;
+    /// Block `k` is done with its parameters until its next fetch.
+    fn evict(&mut self, k: usize) -> Result<()>;
+}
+
+/// Every parameter stays where it is.
+impl Residency for () {
+    fn fetch(&mut self, _: usize, _: Option<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    fn evict(&mut self, _: usize) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A model, or the part of it a pipeline stage holds: its blocks and its parameters in
@@ -101,6 +129,8 @@ pub type BlockGrads = Vec<(usize, Tensor)>;
 
 /// What a forward pass keeps for backward.
 pub struct Forward {
+    /// The token ids the first block ran on (kept to run it again with [`Graph::Recompute`]).
+    ids: Tensor,
     /// Output of each block; the last is the logits.
     outputs: Vec<Tensor>,
     /// Leaf input of each block after the first (blockwise graphs).
@@ -268,6 +298,12 @@ impl Model {
         &self.blocks
     }
 
+    /// The indices in [`params`](Self::params) of the parameters block `k` uses (its own
+    /// and those of earlier blocks it shares).
+    pub fn used_params(&self, k: usize) -> &[usize] {
+        &self.used[k]
+    }
+
     /// Its parameters, in their fixed order.
     pub fn params(&self) -> &ParamSet {
         &self.params
@@ -275,22 +311,41 @@ impl Model {
 
     /// Runs every block on token ids `[rows, len]`, recording each block's span in `trace`.
     pub fn forward(&self, ids: &Tensor, graph: Graph, trace: &mut Trace) -> Result<Forward> {
-        let mut outputs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
-        let mut inputs = Vec::with_capacity(self.blocks.len());
-        for b in &self.blocks {
+        self.forward_with(ids, graph, trace, &mut ())
+    }
+
+    /// [`forward`](Self::forward), telling `residency` when each block uses its parameters.
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        graph: Graph,
+        trace: &mut Trace,
+        residency: &mut dyn Residency,
+    ) -> Result<Forward> {
+        let n = self.blocks.len();
+        let mut outputs: Vec<Tensor> = Vec::with_capacity(n);
+        let mut inputs = Vec::with_capacity(n);
+        for (k, b) in self.blocks.iter().enumerate() {
             let (input, leaf) = match (outputs.last(), graph) {
                 (None, _) => (ids.clone(), None),
                 (Some(prev), Graph::Whole) => (prev.clone(), None),
-                (Some(prev), Graph::Blockwise) => {
+                (Some(prev), Graph::Blockwise | Graph::Recompute) => {
                     let v = Var::from_tensor(&prev.detach())?;
                     (v.as_tensor().clone(), Some(v))
                 }
             };
+            residency.fetch(k, (k + 1 < n).then_some(k + 1))?;
             let y = trace.span(|| format!("fwd {}", b.name()), || b.forward(&input))?;
-            outputs.push(y);
+            // The last block's graph stays: its backward starts from the loss right away.
+            if graph == Graph::Recompute && k + 1 < n {
+                outputs.push(y.detach());
+                residency.evict(k)?;
+            } else {
+                outputs.push(y);
+            }
             inputs.push(leaf);
         }
-        Ok(Forward { outputs, inputs, graph })
+        Ok(Forward { ids: ids.clone(), outputs, inputs, graph })
     }
 
     /// The logits for token ids `[rows, len]`, `[rows, len, vocab]`, without keeping
@@ -347,6 +402,19 @@ impl Model {
         fwd: Forward,
         loss: &Tensor,
         trace: &mut Trace,
+        done: impl FnMut(usize, BlockGrads) -> Result<()>,
+    ) -> Result<()> {
+        self.backward_with(fwd, loss, trace, &mut (), done)
+    }
+
+    /// [`backward`](Self::backward), telling `residency` when each block uses its
+    /// parameters (with [`Graph::Recompute`], a block's forward runs again first).
+    pub fn backward_with(
+        &self,
+        fwd: Forward,
+        loss: &Tensor,
+        trace: &mut Trace,
+        residency: &mut dyn Residency,
         mut done: impl FnMut(usize, BlockGrads) -> Result<()>,
     ) -> Result<()> {
         let n = self.blocks.len();
@@ -363,13 +431,23 @@ impl Model {
             if k > 0 && fwd.inputs[k].is_none() {
                 return Err(Error::internal("blockwise input lost"));
             }
-            let output = if k + 1 == n { loss } else { &fwd.outputs[k] };
+            residency.fetch(k, k.checked_sub(1))?;
+            let output = match (k + 1 == n, fwd.graph) {
+                (true, _) => loss.clone(),
+                (false, Graph::Recompute) => {
+                    let input =
+                        fwd.inputs[k].as_ref().map_or_else(|| fwd.ids.clone(), |v| v.as_tensor().clone());
+                    trace.span(|| format!("recompute {name}"), || self.blocks[k].forward(&input))?
+                }
+                (false, _) => fwd.outputs[k].clone(),
+            };
             // The span covers the block's backward and the hand-over of its gradients.
             grad_out = trace.span(
                 || format!("bwd {name}"),
                 || -> Result<Option<Tensor>> {
                     let (grads, below) =
-                        self.backward_blocks(k..k + 1, output, grad_out.as_ref(), fwd.inputs[k].as_ref())?;
+                        self.backward_blocks(k..k + 1, &output, grad_out.as_ref(), fwd.inputs[k].as_ref())?;
+                    residency.evict(k)?;
                     done(k, grads)?;
                     Ok(below)
                 },
@@ -426,7 +504,7 @@ impl Model {
             .iter()
             .map(|&i| {
                 let slot = &self.params.slots()[i];
-                store.get(slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
+                store.get(&slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
                     Error::internal(format!("parameter {} received no gradient", slot.param.name()))
                 })
             })

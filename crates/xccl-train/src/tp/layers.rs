@@ -44,7 +44,7 @@ impl ColumnParallelLinear {
             true => Some(init.constant_sharded(format!("{name}.bias"), &[outputs], 0.0, shard)?),
             false => None,
         };
-        let linear = Linear::new(w.tensor().clone(), b.as_ref().map(|b| b.tensor().clone()));
+        let linear = Linear::new(w.clone(), b.clone());
         params.push(w);
         params.extend(b);
         Ok(ColumnParallelLinear { linear, tp: tp.clone(), gather_output: false })
@@ -52,7 +52,7 @@ impl ColumnParallelLinear {
 
     /// A layer on an existing weight piece `[outputs / tp, inputs]` (a tied output head on
     /// the vocabulary-parallel embedding), without bias.
-    pub fn on_weight(weight: Tensor, tp: &Tp) -> ColumnParallelLinear {
+    pub fn on_weight(weight: Param, tp: &Tp) -> ColumnParallelLinear {
         ColumnParallelLinear { linear: Linear::new(weight, None), tp: tp.clone(), gather_output: false }
     }
 
@@ -79,7 +79,7 @@ impl ColumnParallelLinear {
 #[derive(Clone, Debug)]
 pub struct RowParallelLinear {
     linear: Linear,
-    bias: Tensor,
+    bias: Param,
     tp: Tp,
 }
 
@@ -96,11 +96,8 @@ impl RowParallelLinear {
     ) -> Result<RowParallelLinear> {
         let w = init.normal_sharded(format!("{name}.weight"), &[outputs, inputs], std, tp.split(1, 1))?;
         let b = init.constant(format!("{name}.bias"), &[outputs], 0.0)?;
-        let layer = RowParallelLinear {
-            linear: Linear::new(w.tensor().clone(), None),
-            bias: b.tensor().clone(),
-            tp: tp.clone(),
-        };
+        let layer =
+            RowParallelLinear { linear: Linear::new(w.clone(), None), bias: b.clone(), tp: tp.clone() };
         params.extend([w, b]);
         Ok(layer)
     }
@@ -114,7 +111,7 @@ impl RowParallelLinear {
         } else {
             comm::reduce_from(&self.tp, &partial)?
         };
-        crate::model::ops::bias_add(&y, &self.bias)
+        crate::model::ops::bias_add(&y, &self.bias.tensor())
     }
 }
 

@@ -1,0 +1,153 @@
+//! ZeRO stage 3's parameters: each rank keeps only its shard; a block's parameters are
+//! all-gathered just before the block runs (forward, and again before its backward, which
+//! runs the forward again first) and freed right after. While block `k` computes, the
+//! parameters of the block that runs next are already being gathered (prefetch), so at most
+//! two blocks' full parameters exist at a time (three with a tied head, which also needs
+//! the embedding's).
+
+use std::collections::BTreeMap;
+
+use xccl::Communicator;
+
+use super::UnitWork;
+use super::layout::ShardLayout;
+use crate::error::{Error, Result};
+use crate::model::{Model, Residency};
+
+/// Gathers and frees the parameters of the blocks of one rank's model.
+pub(crate) struct Gatherer<'a> {
+    comm: &'a Communicator,
+    layout: &'a ShardLayout,
+    model: &'a Model,
+    /// This rank's shard of the parameters.
+    shard: &'a [f32],
+    /// For each block, the units whose parameters it uses (its own, and an earlier block's
+    /// it shares).
+    needs: Vec<Vec<usize>>,
+    /// Gathers in flight, by unit.
+    in_flight: BTreeMap<usize, UnitWork>,
+    /// Units whose full parameters are in the model now.
+    resident: Vec<bool>,
+    /// Most full elements resident or in flight at once (the working set), this step.
+    pub peak: usize,
+}
+
+impl<'a> Gatherer<'a> {
+    /// A gatherer over `comm` (the data-parallel group) for `model`'s parameters, cut by
+    /// `layout`, this rank holding `shard`. Every parameter is expected released.
+    pub fn new(
+        comm: &'a Communicator,
+        layout: &'a ShardLayout,
+        model: &'a Model,
+        shard: &'a [f32],
+    ) -> Result<Self> {
+        let set = model.params();
+        let mut needs = Vec::with_capacity(model.blocks().len());
+        for block in 0..model.blocks().len() {
+            let mut units: Vec<usize> = model
+                .used_params(block)
+                .iter()
+                .filter_map(|&i| layout.unit_of_element(set.slots()[i].offset))
+                .collect();
+            units.sort_unstable();
+            units.dedup();
+            needs.push(units);
+        }
+        Ok(Gatherer {
+            comm,
+            layout,
+            model,
+            shard,
+            needs,
+            in_flight: BTreeMap::new(),
+            resident: vec![false; layout.units().len()],
+            peak: 0,
+        })
+    }
+
+    fn launch(&mut self, u: usize) {
+        if self.resident[u] || self.in_flight.contains_key(&u) {
+            return;
+        }
+        let unit = &self.layout.units()[u];
+        let mine = self.shard[self.layout.shard_range(u)].to_vec();
+        let work = self.comm.all_gather_v_async(mine, vec![0.0; unit.range.len()], &unit.counts);
+        self.in_flight.insert(u, work);
+        self.note_working_set();
+    }
+
+    fn note_working_set(&mut self) {
+        let units = self.layout.units();
+        let held: usize = (0..units.len())
+            .filter(|u| self.resident[*u] || self.in_flight.contains_key(u))
+            .map(|u| units[u].range.len())
+            .sum();
+        self.peak = self.peak.max(held);
+    }
+
+    /// Puts unit `u`'s full parameters into the model (waiting for its gather).
+    fn materialise(&mut self, u: usize) -> Result<()> {
+        if self.resident[u] {
+            return Ok(());
+        }
+        self.launch(u);
+        let work = self.in_flight.remove(&u).ok_or_else(|| Error::internal("gather lost"))?;
+        let (_, full) = work.wait()?;
+        self.model.params().write_range(self.layout.units()[u].range.start, &full)?;
+        self.resident[u] = true;
+        Ok(())
+    }
+
+    /// Frees every parameter (between steps, or after a failure).
+    pub fn release_all(&mut self) -> Result<()> {
+        for u in 0..self.resident.len() {
+            self.release(u)?;
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, u: usize) -> Result<()> {
+        if !self.resident[u] {
+            return Ok(());
+        }
+        let range = self.layout.units()[u].range.clone();
+        for slot in self.model.params().slots() {
+            if range.contains(&slot.offset) {
+                slot.param.release()?;
+            }
+        }
+        self.resident[u] = false;
+        Ok(())
+    }
+
+    /// Waits for the gathers still in flight (a prefetch nobody used), so that no
+    /// collective is left running when the step ends.
+    pub fn drain(&mut self) -> Result<()> {
+        for (_, work) in std::mem::take(&mut self.in_flight) {
+            work.wait()?;
+        }
+        Ok(())
+    }
+}
+
+impl Residency for Gatherer<'_> {
+    fn fetch(&mut self, k: usize, next: Option<usize>) -> Result<()> {
+        for u in self.needs[k].clone() {
+            self.materialise(u)?;
+        }
+        if let Some(n) = next {
+            for u in self.needs[n].clone() {
+                self.launch(u);
+            }
+        }
+        self.note_working_set();
+        Ok(())
+    }
+
+    fn evict(&mut self, k: usize) -> Result<()> {
+        for u in self.needs[k].clone() {
+            self.release(u)?;
+        }
+        Ok(())
+    }
+}
