@@ -1,9 +1,10 @@
 //! The `xccl` command: `train` trains a model with data parallelism on local ranks (the main
 //! job), `run` launches ranks, `bench` measures collectives, `demo` runs and checks every
 //! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
-//! algorithm tuner.
+//! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints.
 
 mod bench;
+mod checkpoint;
 mod demo;
 mod pipeline_svg;
 mod run;
@@ -38,6 +39,9 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Calibrate the tuner's cost model on this machine (measure, then fit).
     Tune(tune::TuneArgs),
+    /// Inspect a distributed checkpoint, export its parameters to one safetensors file, or
+    /// import one as a checkpoint.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,5 +64,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Verify(args) => verify::run(&args),
         Command::Tune(args) => tune::run(&args),
+        Command::Checkpoint(args) => checkpoint::run(&args),
     }
 }

@@ -25,7 +25,8 @@
 //!   number of target tokens, so any number of ranks, any uneven shares and any gradient
 //!   accumulation give the gradient of the global mean loss: parallel training is
 //!   equivalent to single-process training, and the tests check that it is.
-//! - [`checkpoint`]s (safetensors, written atomically) resume bit-identically; [`trace`]
+//! - [`checkpoint`]s (safetensors, written atomically) resume bit-identically; [`dcp`]: the
+//!   distributed checkpoint, each rank writing its own pieces, read back on any mesh; [`trace`]
 //!   records compute and communication spans as a Chrome trace; [`metrics`] summarises.
 //!
 //! Two ranks (threads here; processes over TCP work the same with
@@ -77,6 +78,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dcp;
 pub mod ddp;
 mod error;
 pub mod mesh;
