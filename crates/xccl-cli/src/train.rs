@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use xccl::Communicator;
-use xccl_train::checkpoint::{self, FILE_NAME};
+use xccl_train::checkpoint::DIR_NAME;
 use xccl_train::config::{Balance, PipelineConfig, ZeroConfig};
 use xccl_train::data::{Task, TaskConfig};
 use xccl_train::ddp::DdpConfig;
@@ -280,7 +280,7 @@ impl TrainArgs {
             steps: self.steps,
             seed: self.seed,
             checkpoint: Some(CheckpointConfig {
-                path: self.out.join(FILE_NAME),
+                path: self.out.join(DIR_NAME),
                 every: self.checkpoint_every,
                 resume: self.resume,
             }),
@@ -320,10 +320,12 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    if args.resume && !args.out.join(FILE_NAME).exists() {
+    if args.resume && !args.out.join(DIR_NAME).join(xccl_train::dcp::LATEST).exists() {
         return fail(format!(
-            "--resume: there is no checkpoint at {}; run once without --resume first",
-            args.out.join(FILE_NAME).display()
+            "--resume: there is no checkpoint in {}; run once without --resume first (or start \
+             from a file with `xccl checkpoint import FILE {}`)",
+            args.out.join(DIR_NAME).display(),
+            args.out.join(DIR_NAME).display()
         ));
     }
     if let Err(e) = std::fs::create_dir_all(&args.out) {
@@ -384,7 +386,7 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         Err(e) => eprintln!("xccl train: cannot draw {}: {e}", svg.display()),
     }
     let json = args.out.join("summary.json");
-    match checkpoint::write_atomically(&json, summary.to_string().as_bytes()) {
+    match xccl_train::dcp::write_atomically(&json, summary.to_string().as_bytes()) {
         Ok(()) => println!("summary             {}", json.display()),
         Err(e) => eprintln!("xccl train: {e}"),
     }
@@ -396,7 +398,7 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         }
     }
     println!("trace (Perfetto)    {}", args.out.join("trace.json").display());
-    println!("checkpoint          {}", args.out.join(FILE_NAME).display());
+    println!("checkpoint          {}", args.out.join(DIR_NAME).display());
     ExitCode::SUCCESS
 }
 
@@ -551,7 +553,7 @@ fn worker(args: &TrainArgs) -> Result<(), String> {
         train(&world, &config, &mut observer).map_err(|e| format!("rank {}: {e}", world.rank()))?;
     if let Some(trace) = &outcome.trace {
         let path = args.out.join("trace.json");
-        checkpoint::write_atomically(&path, trace.to_string().as_bytes()).map_err(|e| e.to_string())?;
+        xccl_train::dcp::write_atomically(&path, trace.to_string().as_bytes()).map_err(|e| e.to_string())?;
     }
     if let Some(summary) = &mut outcome.summary {
         // Model FLOP utilisation against this rank's matrix product on its threads, measured

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use xccl_train::checkpoint::{FILE_NAME, read_tensors};
+use xccl_train::checkpoint::{DIR_NAME, read_params};
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
@@ -43,8 +43,7 @@ fn ok(out: &Output) {
 
 /// The final parameters a run left in its checkpoint, by name.
 fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
-    let (tensors, _) = read_tensors(&out.join(FILE_NAME)).expect("checkpoint");
-    tensors.into_iter().filter(|(k, _)| k.starts_with("param.")).map(|(k, (_, v))| (k, v)).collect()
+    read_params(&out.join(DIR_NAME)).expect("checkpoint")
 }
 
 /// The events of the Chrome trace a run left.

@@ -1,210 +1,234 @@
-//! Checkpoints: parameters, optimiser state and metadata in one safetensors file, written
-//! atomically (a temporary file in the same directory, fsync, rename, fsync of the
-//! directory), so a crash leaves either the previous checkpoint or the new one.
+//! Checkpoints of a training run, in the distributed format of [`crate::dcp`]: every rank
+//! writes the pieces of the global tensors it holds, and a run at any other mesh reads back
+//! only the pieces it needs.
 //!
 //! Tensors are `param.<name>` and `optim.<state>.<name>` (e.g. `optim.m.h00.attn.qkv.weight`)
-//! with the parameter's full shape, f32: a tensor-parallel run saves its shards gathered
-//! into the full tensors, without the vocabulary's padding, so a checkpoint written at any
-//! tensor-parallel size loads at any other. Metadata: the step, the optimiser's step count, the
-//! configuration fingerprint (a resumed run must have the same one) and the loss history.
+//! with the parameter's full shape (the tp = 1 model's, without the vocabulary's padding).
+//! A rank's tensor-parallel piece of a parameter is one box per group of the divided
+//! dimension ([`pieces_of_slot`]); a ZeRO shard of it is a flat range of those boxes. Who
+//! writes what: with DDP, the first data-parallel replica (each rank its tensor-parallel
+//! pieces, a piece every rank of the group holds whole written by its first rank); with
+//! ZeRO, every rank its slices ([`crate::zero::layout::ShardLayout::owned_params`]); the
+//! parameter server's servers their shards. Metadata (`extra`): the configuration
+//! fingerprint (a resumed run must have the same one), the loss history, the optimiser's
+//! step count and the mesh that wrote it. A checkpoint made by `xccl checkpoint import`
+//! has parameters only and no fingerprint: a run starts from it with fresh optimiser
+//! state.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use serde_json::{Value, json};
 
+use crate::dcp::{self, Piece, Reader, Snapshot};
 use crate::error::{Error, Result};
 use crate::optim::OptimConfig;
-use crate::params::ParamSet;
+use crate::params::{Layout, Param, ParamSet, Shard};
 
-/// The checkpoint file's name inside a run's output directory.
-pub const FILE_NAME: &str = "checkpoint.safetensors";
+/// The checkpoint directory's name inside a run's output directory.
+pub const DIR_NAME: &str = "checkpoint";
 
-const FORMAT: &str = "xccl-train checkpoint 1";
+/// The name of parameter `name`'s tensor.
+pub fn param_tensor(name: &str) -> String {
+    format!("param.{name}")
+}
 
-/// The training state after `step` steps.
+/// The name of optimiser state `state`'s tensor for parameter `name`.
+pub fn state_tensor(state: &str, name: &str) -> String {
+    format!("optim.{state}.{name}")
+}
+
+/// Every tensor of a checkpoint of the model laid out by `layout` trained with `optim`.
+pub fn tensors(layout: &Layout, optim: &OptimConfig) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    for e in layout.entries() {
+        out.push((param_tensor(&e.name), e.shape.clone()));
+        for state in optim.state_names() {
+            out.push((state_tensor(state, &e.name), e.shape.clone()));
+        }
+    }
+    out
+}
+
+/// The pieces of global tensor `tensor` that elements `range` of `param`'s local tensor
+/// (this rank's tensor-parallel piece, row-major) are, each with the local elements it
+/// holds; padding (a vocabulary the group does not divide) is left out. The boxes are
+/// [`dcp::shard_boxes`]'; a range that is not a whole box is a flat range of one.
+pub fn pieces_of_slot(
+    tensor: &str,
+    param: &Param,
+    range: Range<usize>,
+) -> Result<Vec<(Piece, Range<usize>)>> {
+    let (full, local) = (param.full_shape(), param.shape());
+    let (dim, outer) = match param.shard() {
+        Shard::Split { dim, .. } => (dim, local[..dim].iter().product::<usize>()),
+        Shard::Replicated => (0, 1),
+    };
+    let inner: usize = local.get(dim + 1..).map_or(1, |d| d.iter().product());
+    let boxes = dcp::shard_boxes(tensor, full, param.shard());
+    let mut out = Vec::new();
+    for (piece, at) in boxes {
+        // The box's elements in the local tensor: one run when the split dimension is the
+        // outermost (or everything before it is 1); else the box must be the whole local
+        // tensor (one group, no padding), whose order is then the box's.
+        let held = if outer == 1 {
+            let first = at * inner;
+            first..first + piece.box_len()
+        } else if piece.box_len() == param.shape().iter().product::<usize>() {
+            0..piece.box_len()
+        } else {
+            return Err(Error::internal(format!(
+                "{tensor}: a piece split along dimension {dim} with groups or padding is not one box"
+            )));
+        };
+        let (from, to) = (range.start.max(held.start), range.end.min(held.end));
+        if from < to {
+            out.push((piece.with_flat(from - held.start..to - held.start), from..to));
+        }
+    }
+    Ok(out)
+}
+
+/// Which values a snapshot takes: the parameters or optimiser state vector `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The parameters.
+    Params,
+    /// Optimiser state vector `i` (named by [`OptimConfig::state_names`]).
+    State(usize),
+}
+
+/// What this rank writes to a checkpoint of `step`: for every `(slot, elements of the
+/// slot)` of `parts`, the pieces of the parameter and of its optimiser state, their values
+/// given by `values(source, elements of this rank's flat vector)`.
+pub fn snapshot(
+    set: &ParamSet,
+    optim: &OptimConfig,
+    parts: &[(usize, Range<usize>)],
+    mut values: impl FnMut(Source, Range<usize>) -> Result<Vec<f32>>,
+    step: u64,
+    extra: BTreeMap<String, Value>,
+) -> Result<Snapshot> {
+    let mut pieces = Vec::new();
+    for (i, range) in parts {
+        let slot = &set.slots()[*i];
+        let name = slot.param.name();
+        let mut sources = vec![(Source::Params, param_tensor(name))];
+        for (k, state) in optim.state_names().iter().enumerate() {
+            sources.push((Source::State(k), state_tensor(state, name)));
+        }
+        for (source, tensor) in sources {
+            for (piece, local) in pieces_of_slot(&tensor, &slot.param, range.clone())? {
+                let v = values(source, slot.offset + local.start..slot.offset + local.end)?;
+                pieces.push((piece, v));
+            }
+        }
+    }
+    Ok(Snapshot { step, tensors: tensors(set.layout(), optim), pieces, extra })
+}
+
+/// The parts of `set` a rank writes when it holds all of its flat vector (DDP's first
+/// replica): every slot but mirrors, and a piece the tensor-parallel group holds whole
+/// only on its first rank.
+pub fn whole_parts(set: &ParamSet, tp_rank: usize) -> Vec<(usize, Range<usize>)> {
+    set.slots()
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.mirror && (tp_rank == 0 || s.param.shard() != Shard::Replicated))
+        .map(|(i, s)| (i, 0..s.range().len()))
+        .collect()
+}
+
+/// The run's entries of a checkpoint's metadata.
+pub fn extra(
+    fingerprint: &str,
+    losses: &[(u64, f64)],
+    optimizer_steps: u64,
+    mesh: &str,
+) -> BTreeMap<String, Value> {
+    BTreeMap::from([
+        ("fingerprint".to_string(), json!(fingerprint)),
+        ("losses".to_string(), json!(losses)),
+        ("optimizer_steps".to_string(), json!(optimizer_steps)),
+        ("mesh".to_string(), json!(mesh)),
+    ])
+}
+
+/// Every parameter of the checkpoint in `dir`, whole, by its plain name.
+pub fn read_params(dir: &Path) -> Result<BTreeMap<String, Vec<f32>>> {
+    let reader = Reader::open(dir)?;
+    let mut out = BTreeMap::new();
+    for (name, shape) in reader.tensors() {
+        if let Some(plain) = name.strip_prefix("param.") {
+            out.insert(plain.to_string(), reader.read(&Piece::whole(name.as_str(), shape))?);
+        }
+    }
+    Ok(out)
+}
+
+/// What a rank reads back: its flat vector of parameters and optimiser state.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Checkpoint {
+pub struct Loaded {
     /// Steps done.
     pub step: u64,
-    /// Describes everything that determines the training trajectory.
-    pub fingerprint: String,
-    /// Parameters, full (unsharded) and flat, in [`ParamSet`] order.
-    pub params: Vec<f32>,
-    /// The optimiser's state vectors (named by [`OptimConfig::state_names`]), full and flat.
-    pub state: Vec<Vec<f32>>,
-    /// `(step, global loss)` of every step so far.
+    /// The fingerprint of the run that wrote it (`None`: an imported checkpoint).
+    pub fingerprint: Option<String>,
+    /// `(step, loss)` so far.
     pub losses: Vec<(u64, f64)>,
+    /// The optimiser's step count.
+    pub optimizer_steps: u64,
+    /// This rank's flat parameters.
+    pub params: Vec<f32>,
+    /// This rank's flat optimiser state (zeros when the checkpoint has none).
+    pub state: Vec<Vec<f32>>,
 }
 
-fn bytes_of(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Writes `ck` to `path` atomically. `set`'s layout gives names and full shapes.
-pub fn save(path: &Path, set: &ParamSet, optim: &OptimConfig, ck: &Checkpoint) -> Result<()> {
-    let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-    if ck.params.len() != set.full_len() || ck.state.len() != optim.state_names().len() {
-        return Err(bad("the state does not match the model and optimizer".into()));
-    }
-    let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for e in set.layout().entries() {
-        let (r, shape) = (e.range(), e.shape.clone());
-        named.push((format!("param.{}", e.name), shape.clone(), bytes_of(&ck.params[r.clone()])));
-        for (state, values) in optim.state_names().iter().zip(&ck.state) {
-            let part =
-                values.get(r.clone()).ok_or_else(|| bad(format!("optimizer state {state} is too short")))?;
-            named.push((format!("optim.{state}.{}", e.name), shape.clone(), bytes_of(part)));
-        }
-    }
-    let views = named
-        .iter()
-        .map(|(n, shape, data)| Ok((n.clone(), TensorView::new(Dtype::F32, shape.clone(), data)?)))
-        .collect::<std::result::Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| bad(e.to_string()))?;
-    let losses = serde_json::to_string(&ck.losses).map_err(|e| bad(e.to_string()))?;
-    let meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
-        ("step".to_string(), ck.step.to_string()),
-        ("fingerprint".to_string(), ck.fingerprint.clone()),
-        ("losses".to_string(), losses),
-    ]);
-    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| bad(e.to_string()))?;
-    write_atomically(path, &bytes)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        f.sync_all().map_err(|e| Error::io("cannot sync", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename the new file onto", path, e))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    // Make the rename itself durable.
-    std::fs::File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("cannot sync directory", &dir, e))
-}
-
-/// Tensors by name: shape and f32 values.
-pub type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
-
-/// Every tensor of a safetensors file (f32 only) by name, with its shape, and the metadata.
-pub fn read_tensors(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
-    let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-    let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
-    let (_, meta) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-    let meta = meta.metadata().clone().unwrap_or_default();
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != Dtype::F32 {
-            return Err(bad(format!("tensor {name} is {:?}, expected F32", view.dtype())));
-        }
-        let values =
-            view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        out.insert(name, (view.shape().to_vec(), values));
-    }
-    Ok((out, meta))
-}
-
-/// Reads a checkpoint for parameters `set` (its whole model's layout) and optimiser `optim`:
-/// full tensors, whatever the mesh that wrote it or that `set` belongs to.
-pub fn load(path: &Path, set: &ParamSet, optim: &OptimConfig) -> Result<Checkpoint> {
-    let bad = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-    let (mut tensors, meta) = read_tensors(path)?;
-    let field = |k: &str| {
-        meta.get(k).ok_or_else(|| bad(format!("metadata has no '{k}': not an xccl-train checkpoint")))
-    };
-    if field("format")? != FORMAT {
-        return Err(bad(format!("format '{}' is not '{FORMAT}'", field("format")?)));
-    }
-    let number =
-        |k: &str| field(k)?.parse::<u64>().map_err(|_| bad(format!("metadata '{k}' is not a number")));
-    let mut take = |name: String, shape: &[usize]| {
-        let (s, v) = tensors
-            .remove(&name)
-            .ok_or_else(|| bad(format!("no tensor {name}: it was written for another model or optimizer")))?;
-        if s != shape {
-            return Err(bad(format!("tensor {name} has shape {s:?}, the model needs {shape:?}")));
-        }
-        Ok(v)
-    };
+/// Reads this rank's flat parameters and optimiser state from `reader` (pieces of every
+/// slot of `set`, whatever mesh wrote them).
+pub fn load(reader: &Reader, set: &ParamSet, optim: &OptimConfig) -> Result<Loaded> {
+    let bad = |msg: String| Error::Checkpoint { path: reader.dir().to_path_buf(), msg };
     let names = optim.state_names();
-    let mut params = Vec::with_capacity(set.full_len());
-    let mut state = vec![Vec::with_capacity(set.full_len()); names.len()];
-    for e in set.layout().entries() {
-        params.extend(take(format!("param.{}", e.name), &e.shape)?);
-        for (n, v) in names.iter().zip(&mut state) {
-            v.extend(take(format!("optim.{n}.{}", e.name), &e.shape)?);
+    let fingerprint = reader.extra().get("fingerprint").and_then(Value::as_str).map(str::to_string);
+    // An imported checkpoint starts the optimiser afresh; a run's must have its state.
+    let with_state = fingerprint.is_some();
+    let shapes: BTreeMap<&str, &[usize]> =
+        reader.tensors().iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+    let mut params = vec![0.0; set.len()];
+    let mut state = vec![vec![0.0; set.len()]; names.len()];
+    for slot in set.slots() {
+        let name = slot.param.name();
+        let mut wanted = vec![(param_tensor(name), &mut params)];
+        if with_state {
+            for (n, v) in names.iter().zip(state.iter_mut()) {
+                wanted.push((state_tensor(n, name), v));
+            }
+        }
+        for (tensor, into) in wanted {
+            match shapes.get(tensor.as_str()) {
+                Some(s) if *s == slot.param.full_shape() => {}
+                Some(s) => {
+                    return Err(bad(format!(
+                        "tensor {tensor} has shape {s:?}, the model needs {:?}",
+                        slot.param.full_shape()
+                    )));
+                }
+                None => {
+                    return Err(bad(format!(
+                        "no tensor {tensor}: it was written for another model or optimizer"
+                    )));
+                }
+            }
+            for (piece, local) in pieces_of_slot(&tensor, &slot.param, 0..slot.range().len())? {
+                let v = reader.read(&piece)?;
+                into[slot.offset + local.start..slot.offset + local.end].copy_from_slice(&v);
+            }
         }
     }
-    if let Some(extra) = tensors.keys().next() {
-        return Err(bad(format!("unexpected tensor {extra}: it was written for another model or optimizer")));
-    }
-    let losses = serde_json::from_str(field("losses")?).map_err(|e| bad(format!("bad loss history: {e}")))?;
-    Ok(Checkpoint {
-        step: number("step")?,
-        fingerprint: field("fingerprint")?.clone(),
-        params,
-        state,
-        losses,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{Model, ModelConfig, ModelKind};
-
-    #[test]
-    fn round_trip_and_refusals() {
-        let cfg = ModelConfig {
-            kind: ModelKind::Gpt,
-            vocab: 12,
-            context: 8,
-            width: 8,
-            layers: 1,
-            heads: 2,
-            tied: true,
-        };
-        let model = Model::new(&cfg, 3).unwrap();
-        let set = model.params();
-        let optim = OptimConfig::adamw(1e-3);
-        let ck = Checkpoint {
-            step: 7,
-            fingerprint: "fp".into(),
-            params: set.read().unwrap(),
-            state: vec![vec![0.5; set.len()], (0..set.len()).map(|i| i as f32).collect()],
-            losses: vec![(0, 2.5), (1, 2.25)],
-        };
-        let dir = std::env::temp_dir().join(format!("xccl-ckpt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(FILE_NAME);
-        save(&path, set, &optim, &ck).unwrap();
-        assert_eq!(load(&path, set, &optim).unwrap(), ck);
-        // No temporary file is left behind.
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        let sgd = load(&path, set, &OptimConfig::sgd(0.1)).unwrap_err().to_string();
-        assert!(sgd.contains("no tensor optim.momentum"), "{sgd}");
-        let other = Model::new(&ModelConfig { width: 16, ..cfg }, 3).unwrap();
-        let shape = load(&path, other.params(), &optim).unwrap_err().to_string();
-        assert!(shape.contains("shape"), "{shape}");
-        std::fs::write(&path, b"garbage").unwrap();
-        assert!(load(&path, set, &optim).unwrap_err().to_string().contains("not a safetensors file"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+    let losses = match reader.extra().get("losses") {
+        Some(l) => serde_json::from_value(l.clone()).map_err(|e| bad(format!("bad loss history: {e}")))?,
+        None => Vec::new(),
+    };
+    let optimizer_steps = reader.extra().get("optimizer_steps").and_then(Value::as_u64).unwrap_or(0);
+    Ok(Loaded { step: reader.step(), fingerprint, losses, optimizer_steps, params, state })
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp, Work};
 
+use crate::checkpoint::{self, Source};
 pub use crate::config::DdpConfig;
 use crate::error::{Error, Result};
 use crate::metrics::StepStat;
@@ -140,6 +141,7 @@ pub(crate) fn run(
     let mut steps = Vec::new();
     let mut peak_rss = 0;
     let mut timeline = Vec::new();
+    let mut saver = cx.saver()?;
     for step in first..cx.config.steps {
         let t0 = Instant::now();
         let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
@@ -176,11 +178,22 @@ pub(crate) fn run(
             losses.push((step, loss));
             observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
         }
-        // The tensor-parallel group of data-parallel rank 0 gathers and writes.
-        if dp.rank() == 0 && cx.checkpoint_due(step + 1) {
-            let params = set.read()?;
-            trace.span(|| "checkpoint".into(), || cx.save(step + 1, &params, optimizer.state(), &losses))?;
+        // The first replica writes its pieces (each rank of its tensor-parallel group and
+        // pipeline its own); the copy is taken now and written in the background.
+        if cx.checkpoint_due(step + 1) {
+            let parts =
+                if dp.rank() == 0 { checkpoint::whole_parts(set, cx.mesh.tp().rank()) } else { Vec::new() };
+            let state = optimizer.state();
+            let values = |source: Source, r: Range<usize>| match source {
+                Source::Params => set.read_range(r),
+                Source::State(i) => Ok(state[i][r].to_vec()),
+            };
+            let snapshot = cx.snapshot(step + 1, &parts, values, optimizer.steps(), &losses)?;
+            trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snapshot))?;
         }
+    }
+    if let Some(s) = &mut saver {
+        s.wait()?;
     }
     let states = optimizer.state().len() as u64;
     let local = 4 * set.len() as u64;

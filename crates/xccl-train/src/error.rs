@@ -68,33 +68,43 @@ impl Error {
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// After every rank tried something of its own (`attempt`), every rank learns whether all
+/// succeeded and, if not, why: a rank that failed gets its own error back, the others an
+/// error that carries the message of the lowest rank that failed. Nobody then waits for a
+/// collective a failed rank will never join, and every rank reports the reason, even when
+/// the failed rank's own output is cut short by the launcher stopping the job on the first
+/// failure. `what` completes "rank R could not …". Collective over `world`.
+pub(crate) fn agree_all<T>(world: &xccl::Communicator, what: &str, attempt: Result<T>) -> Result<T> {
+    let size = world.size() as u64;
+    let mut first = [if attempt.is_err() { world.rank() as u64 } else { size }];
+    world.all_reduce(&mut first, xccl::ReduceOp::Min)?;
+    if first[0] == size {
+        return attempt;
+    }
+    let root = usize::try_from(first[0]).map_err(|_| Error::internal("rank out of range"))?;
+    let mut text = match &attempt {
+        Err(e) if world.rank() == root => e.to_string().into_bytes(),
+        _ => Vec::new(),
+    };
+    let mut len = [text.len() as u64];
+    world.broadcast(&mut len, root)?;
+    let len = usize::try_from(len[0]).map_err(|_| Error::internal("error message too long"))?;
+    text.resize(len, 0);
+    world.broadcast(&mut text, root)?;
+    match attempt {
+        Err(e) => Err(e),
+        Ok(_) => {
+            Err(Error::Thread(format!("rank {root} could not {what}: {}", String::from_utf8_lossy(&text))))
+        }
+    }
+}
+
 /// After world rank 0 tried something alone (`attempt` is `Some` there, `None` elsewhere),
-/// every rank learns whether it worked and, if not, why: rank 0 gets its own error back,
-/// the others an error that carries its message. Nobody then waits for a broadcast that
-/// will never come, and every rank reports the reason, even when rank 0's own output is
-/// cut short by the launcher stopping the job on the first failure. `what` completes
-/// "rank 0 could not …". Collective over `world`.
+/// every rank learns whether it worked and, if not, why ([`agree_all`]).
 pub(crate) fn agree_with_root<T>(
     world: &xccl::Communicator,
     what: &str,
     attempt: Option<Result<T>>,
 ) -> Result<Option<T>> {
-    let (value, why) = match attempt {
-        Some(Ok(v)) => (Some(v), None),
-        Some(Err(e)) => (None, Some(e)),
-        None => (None, None),
-    };
-    let mut text = why.as_ref().map(|e| e.to_string().into_bytes()).unwrap_or_default();
-    let mut header = [u64::from(why.is_some()), text.len() as u64];
-    world.broadcast(&mut header, 0)?;
-    if header[0] == 0 {
-        return Ok(value);
-    }
-    let len = usize::try_from(header[1]).map_err(|_| Error::internal("rank 0's error is too long"))?;
-    text.resize(len, 0);
-    world.broadcast(&mut text, 0)?;
-    match why {
-        Some(e) => Err(e),
-        None => Err(Error::Thread(format!("rank 0 could not {what}: {}", String::from_utf8_lossy(&text)))),
-    }
+    agree_all(world, what, attempt.transpose())
 }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp, Work};
 
+use crate::checkpoint::Source as Values;
 pub use crate::config::PsConfig;
 use crate::data::shares;
 use crate::error::{Error, Result};
@@ -358,21 +359,31 @@ impl Server {
         Ok(work.wait()?)
     }
 
-    /// Gathers every server's shard and optimiser state to server 0, which writes them.
+    /// Every server writes its shard of the parameters and of the optimiser state
+    /// (collective over the servers).
     fn checkpoint(&mut self, cx: &Context, version: u64) -> Result<()> {
         let t0 = Instant::now();
-        let n = cx.model.params().len();
-        let counts: Vec<usize> = shares(n, self.servers.size()).iter().map(Range::len).collect();
-        let gather = |v: &[f32]| -> Result<Vec<f32>> {
-            let mut all = vec![0.0; n];
-            self.servers.all_gather_v(v, &mut all, &counts)?;
-            Ok(all)
+        let Some(c) = &cx.config.checkpoint else { return Ok(()) };
+        let set = cx.model.params();
+        let mine = shares(set.len(), self.servers.size())[self.shard].clone();
+        let parts: Vec<_> = set
+            .slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let r = s.range();
+                let (from, to) = (mine.start.max(r.start), mine.end.min(r.end));
+                (from < to).then(|| (i, from - r.start..to - r.start))
+            })
+            .collect();
+        let (params, state) = (&self.params, self.optimizer.state());
+        let at = |r: Range<usize>| r.start - mine.start..r.end - mine.start;
+        let values = |source: Values, r: Range<usize>| match source {
+            Values::Params => Ok(params[at(r)].to_vec()),
+            Values::State(i) => Ok(state[i][at(r)].to_vec()),
         };
-        let params = gather(&self.params)?;
-        let state = self.optimizer.state().iter().map(|s| gather(s)).collect::<Result<Vec<_>>>()?;
-        if self.shard == 0 {
-            cx.save(version, &params, &state, &self.losses)?;
-        }
+        let snapshot = cx.snapshot(version, &parts, values, self.optimizer.steps(), &self.losses)?;
+        crate::dcp::save(&self.servers, &c.path, snapshot)?;
         self.trace.record(Kind::Compute, "checkpoint".into(), t0, Instant::now());
         Ok(())
     }

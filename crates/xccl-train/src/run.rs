@@ -8,10 +8,13 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::checkpoint::{self, Checkpoint};
+use std::ops::Range;
+
+use crate::checkpoint::{self, Loaded, Source};
 use crate::config::{CheckpointConfig, TrainConfig};
 use crate::data::{Batch, Task, shares};
-use crate::error::{Error, Result, agree_with_root};
+use crate::dcp::{Reader, Saver, Snapshot};
+use crate::error::{Error, Result, agree_all};
 use crate::mesh::Mesh;
 use crate::metrics::{PipelineFacts, RankReport, StepStat, Summary, bus_bytes, gather_reports};
 use crate::model::{Graph, Model, Residency};
@@ -105,40 +108,38 @@ impl Context<'_> {
             .is_some_and(|c| done == self.config.steps || (c.every > 0 && done.is_multiple_of(c.every)))
     }
 
-    /// Writes a checkpoint of this rank's `params` and optimiser `state`: the
-    /// tensor-parallel group gathers the full tensors and its first rank writes them. Every
-    /// rank of the group calls it (in data parallelism, the group of data-parallel rank 0).
-    pub fn save(&self, step: u64, params: &[f32], state: &[Vec<f32>], losses: &[(u64, f64)]) -> Result<()> {
-        let Some(c) = &self.config.checkpoint else { return Ok(()) };
-        let params = self.gather_full_to_first(params)?;
-        let state = state.iter().map(|s| self.gather_full_to_first(s)).collect::<Result<Vec<_>>>()?;
-        let (Some(params), Some(state)) = (params, state.into_iter().collect::<Option<Vec<_>>>()) else {
-            return Ok(());
-        };
-        let set = self.model.params();
-        let ck = Checkpoint {
-            step,
-            fingerprint: self.fingerprint.clone(),
-            params,
-            state,
-            losses: losses.to_vec(),
-        };
-        checkpoint::save(&c.path, set, &self.config.optim, &ck)
+    /// A writer of checkpoints in the background on its own communicator, when the run
+    /// checkpoints (collective over the world).
+    pub fn saver(&self) -> Result<Option<Saver>> {
+        match &self.config.checkpoint {
+            Some(_) => Ok(Some(Saver::new(self.mesh.world())?)),
+            None => Ok(None),
+        }
     }
 
-    /// The full flat vector of this replica's pieces `local` (over the tensor-parallel group,
-    /// then the pipeline), onto its first rank: `Some` there, `None` elsewhere. Every rank
-    /// of the replica calls it.
-    fn gather_full_to_first(&self, local: &[f32]) -> Result<Option<Vec<f32>>> {
-        let Some(mut full) = self.model.tp().gather_full_to_first(self.model.params(), local)? else {
-            return Ok(None);
-        };
-        // Each stage filled in its own blocks and left the others zero: their sum is the whole.
-        let pp = self.mesh.pp();
-        if pp.size() > 1 {
-            pp.reduce_in_place(&mut full, xccl::ReduceOp::Sum, 0)?;
+    /// Hands `snapshot` to `saver` (it waits for the previous checkpoint first, and reports
+    /// its failure).
+    pub fn submit(&self, saver: &mut Option<Saver>, snapshot: Snapshot) -> Result<()> {
+        match (saver, &self.config.checkpoint) {
+            (Some(s), Some(c)) => s.submit(&c.path, snapshot),
+            _ => Ok(()),
         }
-        Ok((pp.rank() == 0).then_some(full))
+    }
+
+    /// What this rank contributes to a checkpoint after `step` steps: the pieces `parts`
+    /// (`(slot, elements of the slot)`, see [`checkpoint::snapshot`]) of the parameters and
+    /// optimiser state, their values copied now from `values`.
+    pub fn snapshot(
+        &self,
+        step: u64,
+        parts: &[(usize, Range<usize>)],
+        values: impl FnMut(Source, Range<usize>) -> Result<Vec<f32>>,
+        optimizer_steps: u64,
+        losses: &[(u64, f64)],
+    ) -> Result<Snapshot> {
+        let mesh = format!("{} on {}", self.config.strategy, self.mesh);
+        let extra = checkpoint::extra(&self.fingerprint, losses, optimizer_steps, &mesh);
+        checkpoint::snapshot(self.model.params(), &self.config.optim, parts, values, step, extra)
     }
 
     /// The full flat vector of this replica's pieces `local`, on every rank of the replica.
@@ -225,65 +226,46 @@ impl Context<'_> {
 
 /// Where this rank starts. Fresh: its parameters as built (exact pieces of the unsharded
 /// model's), broadcast over the data-parallel group from its first rank anyway. Resuming:
-/// rank 0 loads the checkpoint (full tensors) and broadcasts step, parameters and optimiser
-/// state to everyone; each rank keeps its pieces, whatever the tensor-parallel size that
-/// wrote it.
+/// every rank reads the pieces of the checkpoint its own parameters and optimiser state
+/// are made of, whatever the mesh that wrote it; if any rank cannot, every rank fails with
+/// its reason.
 pub(crate) fn start(cx: &Context) -> Result<Start> {
     let world = cx.mesh.world();
     let optim = cx.config.optim;
     let set = cx.model.params();
-    let resume = cx.config.checkpoint.as_ref().filter(|c| c.resume);
-    let attempt = match (world.rank(), resume) {
-        (0, Some(c)) => Some(load(cx, c)),
-        _ => None,
-    };
-    let loaded = agree_with_root(world, "start the run", attempt)?;
-    let mut step = [loaded.as_ref().map_or(0, |c| c.step)];
-    world.broadcast(&mut step, 0)?;
-    let [step] = step;
-    if step == 0 && resume.is_none() {
+    let Some(c) = cx.config.checkpoint.as_ref().filter(|c| c.resume) else {
         let mut params = set.read()?;
         cx.mesh.dp().broadcast(&mut params, 0)?;
         let optimizer = Optimizer::new(optim, set.len());
-        return Ok(Start { step, params, optimizer, losses: Vec::new() });
-    }
-    let (mut params, mut state, losses) = match loaded {
-        Some(ck) => (ck.params, ck.state, ck.losses),
-        None => (
-            vec![0.0; set.full_len()],
-            vec![vec![0.0; set.full_len()]; optim.state_names().len()],
-            Vec::new(),
-        ),
+        return Ok(Start { step: 0, params, optimizer, losses: Vec::new() });
     };
-    world.broadcast(&mut params, 0)?;
-    for s in &mut state {
-        world.broadcast(s, 0)?;
-    }
-    let state = state.iter().map(|s| set.local_of_full(s)).collect::<Result<Vec<_>>>()?;
-    let optimizer = Optimizer::restore(optim, step, state)?;
-    Ok(Start { step, params: set.local_of_full(&params)?, optimizer, losses })
+    let loaded = agree_all(world, "read the checkpoint", load(cx, c))?;
+    let optimizer = Optimizer::restore(optim, loaded.optimizer_steps, loaded.state)?;
+    Ok(Start { step: loaded.step, params: loaded.params, optimizer, losses: loaded.losses })
 }
 
-/// Reads the checkpoint to resume from and checks that it belongs to this run.
-pub(crate) fn load(cx: &Context, c: &CheckpointConfig) -> Result<Checkpoint> {
-    let ck = checkpoint::load(&c.path, cx.model.params(), &cx.config.optim)?;
-    if ck.fingerprint != cx.fingerprint {
+/// Reads this rank's part of the checkpoint to resume from and checks that it belongs to
+/// this run (an imported checkpoint, which has no fingerprint, starts any run).
+pub(crate) fn load(cx: &Context, c: &CheckpointConfig) -> Result<Loaded> {
+    let reader = Reader::open(&c.path)?;
+    let loaded = checkpoint::load(&reader, cx.model.params(), &cx.config.optim)?;
+    if let Some(fp) = loaded.fingerprint.as_ref().filter(|fp| **fp != cx.fingerprint) {
         return Err(Error::Checkpoint {
             path: c.path.clone(),
             msg: format!(
-                "it was written by a different configuration:\n  checkpoint: {}\n  this run:   {}\n\
+                "it was written by a different configuration:\n  checkpoint: {fp}\n  this run:   {}\n\
                  resume with the same settings, or start over without --resume",
-                ck.fingerprint, cx.fingerprint
+                cx.fingerprint
             ),
         });
     }
-    if ck.step > cx.config.steps {
+    if loaded.step > cx.config.steps {
         return Err(Error::config(format!(
             "the checkpoint is at step {}, beyond --steps {}: ask for more steps",
-            ck.step, cx.config.steps
+            loaded.step, cx.config.steps
         )));
     }
-    Ok(ck)
+    Ok(loaded)
 }
 
 /// Ends the run on this rank: the final parameters (this rank's `finish.params`) gathered

@@ -56,6 +56,6 @@ fn resume_without_a_checkpoint_says_so() {
     let errors: Vec<String> =
         run_with(2, &config, |_| ()).into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
     assert_eq!(errors.len(), 2);
-    assert!(errors.iter().any(|e| e.contains("cannot read")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("no checkpoint there")), "{errors:?}");
     std::fs::remove_dir_all(d).unwrap();
 }

@@ -1,12 +1,13 @@
 //! ZeRO stages 1–3 on thread ranks give the parameters of single-process training: every
 //! stage × dp ∈ {1, 2, 3, 4} (uneven shards and shares) × tp ∈ {1, 2}, both optimisers,
 //! with gradient accumulation, and stage 1 in a pipeline with a tied head; reruns are
-//! bit-identical; stage 3 holds only its shard and the working set; impossible settings
+//! bit-identical; stage 3 holds only its shard and the working set; a checkpoint written in
+//! slices at dp 2 × tp 2 × ZeRO 3 resumes at other meshes and stages; impossible settings
 //! fail on every rank before any communication.
 
 mod common;
 
-use common::{moved, reference, rel_diff, run, run_with, tiny};
+use common::{moved, reference, rel_diff, run, run_with, temp, tiny, with_checkpoint};
 use xccl_train::config::{Balance, PipelineConfig, ZeroConfig};
 use xccl_train::optim::OptimConfig;
 use xccl_train::pipeline::schedule::Kind;
@@ -141,6 +142,62 @@ fn impossible_zero_settings_fail_on_every_rank_before_communicating() {
         for r in run_with(ranks, &config, |_| ()) {
             let e = r.err().unwrap_or_else(|| panic!("{expect}: a rank went on")).to_string();
             assert!(e.contains(expect), "expected '{expect}' in: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_written_under_one_mesh_resumes_under_others() {
+    let optim = OptimConfig::adamw(1e-3);
+    // 8 rows: two micro-batches for each of 4 ranks.
+    let base = with_tp(tiny(optim, zero(3), 8, 1, 20), 1);
+    let whole = reference(&base);
+    let dir = temp("zero", "reshard");
+    // 10 steps at dp 2 × tp 2, ZeRO stage 3: every rank writes its slices.
+    let first = with_checkpoint(TrainConfig { steps: 10, tp: 2, ..base.clone() }, &dir, 0, false);
+    run(4, &first);
+    let pipeline = PipelineConfig {
+        stages: 2,
+        schedule: Kind::GPipe,
+        virtual_stages: 1,
+        recompute: false,
+        balance: Balance::Params,
+    };
+    let ddp = common::ddp();
+    // (what, ranks, configuration of the resumed run)
+    let resumed = [
+        ("dp 1 x tp 4, DDP", 4, TrainConfig { tp: 4, strategy: ddp, ..base.clone() }),
+        ("dp 4, zero 1", 4, TrainConfig { strategy: zero(1), accum: 2, ..base.clone() }),
+        (
+            "pp 2 x dp 2, zero 1",
+            4,
+            TrainConfig { pipeline: Some(pipeline), accum: 2, strategy: zero(1), ..base.clone() },
+        ),
+        ("dp 3, zero 2", 3, TrainConfig { strategy: zero(2), ..base.clone() }),
+    ];
+    for (what, ranks, config) in resumed {
+        // Every resumed run starts from the same step-10 checkpoint: keep a copy of it.
+        let copy = temp("zero", "reshard-copy");
+        copy_dir(&dir, &copy);
+        let outcomes = run(ranks, &with_checkpoint(config, &copy, 0, true));
+        assert_eq!(outcomes[0].steps.len(), 10, "{what}: the resumed run starts at step 10");
+        let d = rel_diff(&outcomes[0].params, &whole);
+        assert!(d < TOLERANCE, "{what}: relative difference {d:e} from 20 uninterrupted steps");
+        std::fs::remove_dir_all(copy).unwrap();
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Copies directory `from` (and its subdirectories) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
         }
     }
 }

@@ -86,7 +86,7 @@ pub use piece::{Piece, copy_overlap};
 pub use read::Reader;
 pub use saver::Saver;
 pub use shard::{read_shard, shard_boxes, shard_pieces};
-pub use write::save;
+pub use write::{save, write_atomically};
 
 /// The `format` entry of `metadata.json`.
 pub const FORMAT: &str = "xccl-dcp";

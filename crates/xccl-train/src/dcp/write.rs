@@ -333,12 +333,7 @@ impl Commit<'_> {
         install(self.partial, self.step_dir)?;
         sync_dir(self.dir)?;
         let name = step_dir_name(self.snapshot.step);
-        let tmp = self.dir.join(format!("{LATEST}.tmp"));
-        write_synced(&tmp, format!("{name}\n").as_bytes())?;
-        let latest = self.dir.join(LATEST);
-        std::fs::rename(&tmp, &latest)
-            .map_err(|e| Error::io("cannot rename the new file onto", &latest, e))?;
-        sync_dir(self.dir)?;
+        write_atomically(&self.dir.join(LATEST), format!("{name}\n").as_bytes())?;
         clean(self.dir, &name);
         Ok(self.step_dir.to_path_buf())
     }
@@ -457,4 +452,28 @@ fn broadcast_json<T: Serialize + DeserializeOwned>(comm: &Communicator, value: O
     comm.broadcast(&mut bytes, 0)?;
     serde_json::from_slice(&bytes)
         .map_err(|e| Error::internal(format!("rank 0 sent an unreadable decision: {e}")))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+        f.sync_all().map_err(|e| Error::io("cannot sync", &tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename the new file onto", path, e))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // Make the rename itself durable.
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("cannot sync directory", &dir, e))
 }

@@ -92,18 +92,6 @@ impl Tp {
         assemble(set, &all, comm.size())
     }
 
-    /// [`gather_full`](Self::gather_full) onto the group's first rank only (a gather, so
-    /// the others never hold the full tensors): `Some` there, `None` elsewhere.
-    pub fn gather_full_to_first(&self, set: &ParamSet, local: &[f32]) -> Result<Option<Vec<f32>>> {
-        let Some(comm) = &self.comm else { return set.full_of_locals(&[local]).map(Some) };
-        let mut all = if comm.rank() == 0 { vec![0.0f32; local.len() * comm.size()] } else { Vec::new() };
-        comm.gather(local, &mut all, 0)?;
-        if comm.rank() != 0 {
-            return Ok(None);
-        }
-        assemble(set, &all, comm.size()).map(Some)
-    }
-
     /// Sums `values` over the group in place (nothing for a group of one).
     pub fn all_reduce(&self, values: &mut [f32]) -> Result<()> {
         match &self.comm {

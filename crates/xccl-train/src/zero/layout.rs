@@ -119,6 +119,18 @@ impl ShardLayout {
         self.units[u].slice_of(self.rank)
     }
 
+    /// Where elements `range` of the flat vector (inside one of this rank's slices) are in
+    /// its shard.
+    pub fn in_shard(&self, range: Range<usize>) -> Option<Range<usize>> {
+        let u = self.unit_of_element(range.start)?;
+        let own = self.owned(u);
+        if range.start < own.start || range.end > own.end {
+            return None;
+        }
+        let at = self.shard_range(u).start + (range.start - own.start);
+        Some(at..at + range.len())
+    }
+
     /// This rank's shard cut from a whole flat vector `flat`.
     pub fn shard_of(&self, flat: &[f32]) -> Vec<f32> {
         let mut shard = Vec::with_capacity(self.shard_len);

@@ -33,15 +33,18 @@ pub mod gather;
 pub mod layout;
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp, Work};
 
+use crate::checkpoint::Source;
 pub use crate::config::ZeroConfig;
+use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
 use crate::metrics::StepStat;
 use crate::optim::Optimizer;
-use crate::params::Chunks;
+use crate::params::{Chunks, Shard};
 use crate::run::{Context, Finish, Observer, Start};
 use crate::trace::{Kind, Trace, unix_us};
 use gather::Gatherer;
@@ -200,6 +203,7 @@ pub(crate) fn run(
     let mut steps = Vec::new();
     let mut peak_rss = 0;
     let mut working_set = 0;
+    let mut saver = cx.saver()?;
     for step in first..cx.config.steps {
         let t0 = Instant::now();
         let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
@@ -260,11 +264,12 @@ pub(crate) fn run(
             observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
         }
         if cx.checkpoint_due(step + 1) {
-            trace.span(
-                || "checkpoint".into(),
-                || save(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &losses),
-            )?;
+            let snap = snapshot(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &losses)?;
+            trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snap))?;
         }
+    }
+    if let Some(s) = &mut saver {
+        s.wait()?;
     }
     let mut held = held(config.stage, set.len(), layout.shard_len(), &optimizer);
     if stage3 {
@@ -319,8 +324,10 @@ fn write_back(set: &crate::params::ParamSet, gather: Option<(usize, UnitWork)>) 
     set.write_range(at, &full)
 }
 
-/// Writes a checkpoint: the group's slices gathered, written by the first replica.
-fn save(
+/// What this rank writes to a checkpoint: its slices of the parameters and of the
+/// optimiser state (a piece every rank of the tensor-parallel group holds whole only from
+/// the group's first rank; a pipeline's mirrors from their owner), copied now.
+fn snapshot(
     cx: &Context,
     layout: &ShardLayout,
     optimizer: &Optimizer,
@@ -328,17 +335,24 @@ fn save(
     stage3: bool,
     step: u64,
     losses: &[(u64, f64)],
-) -> Result<()> {
-    let dp = cx.mesh.dp();
-    let params = match stage3 {
-        true => gather_all(dp, layout, shard_params)?,
-        false => cx.model.params().read()?,
+) -> Result<Snapshot> {
+    let set = cx.model.params();
+    let tp_rank = cx.mesh.tp().rank();
+    let parts: Vec<_> = layout
+        .owned_params(set)
+        .into_iter()
+        .filter(|(i, _)| {
+            let s = &set.slots()[*i];
+            !s.mirror && (tp_rank == 0 || s.param.shard() != Shard::Replicated)
+        })
+        .collect();
+    let at = |r: Range<usize>| layout.in_shard(r).ok_or_else(|| Error::internal("a piece outside the shard"));
+    let values = |source: Source, r: Range<usize>| match source {
+        Source::Params if stage3 => Ok(shard_params[at(r)?].to_vec()),
+        Source::Params => set.read_range(r),
+        Source::State(i) => Ok(optimizer.state()[i][at(r)?].to_vec()),
     };
-    let state = optimizer.state().iter().map(|s| gather_all(dp, layout, s)).collect::<Result<Vec<_>>>()?;
-    if dp.rank() == 0 {
-        cx.save(step, &params, &state, losses)?;
-    }
-    Ok(())
+    cx.snapshot(step, &parts, values, optimizer.steps(), losses)
 }
 
 /// This rank's whole flat vector from every rank's `shard` (one all-gather per unit).

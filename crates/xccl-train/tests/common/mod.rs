@@ -6,7 +6,7 @@
 use candle_core::{Tensor, Var};
 use candle_nn::Optimizer as _;
 use xccl::Communicator;
-use xccl_train::checkpoint::FILE_NAME;
+use xccl_train::checkpoint::DIR_NAME;
 use xccl_train::data::TaskConfig;
 use xccl_train::ddp::DdpConfig;
 use xccl_train::model::{self, Graph, Model, ModelConfig, ModelKind};
@@ -149,6 +149,6 @@ pub fn with_checkpoint(
     every: u64,
     resume: bool,
 ) -> TrainConfig {
-    config.checkpoint = Some(CheckpointConfig { path: dir.join(FILE_NAME), every, resume });
+    config.checkpoint = Some(CheckpointConfig { path: dir.join(DIR_NAME), every, resume });
     config
 }
