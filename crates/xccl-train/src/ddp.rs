@@ -169,15 +169,7 @@ pub(crate) fn run(
         if let Some(p) = pipe {
             timeline = p.timeline;
         }
-        observer.step(&stat);
-        steps.push(stat);
-        if step + 1 == cx.config.steps {
-            peak_rss = crate::metrics::peak_rss_bytes();
-        }
-        if cx.mesh.world().rank() == 0 {
-            losses.push((step, loss));
-            observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
-        }
+        cx.end_step(stat, loss, (&mut steps, &mut losses, &mut peak_rss), observer);
         // The first replica writes its pieces (each rank of its tensor-parallel group and
         // pipeline its own); the copy is taken now and written in the background.
         if cx.checkpoint_due(step + 1) {

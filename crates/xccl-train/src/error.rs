@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 /// A training failure.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -107,4 +110,32 @@ pub(crate) fn agree_with_root<T>(
     attempt: Option<Result<T>>,
 ) -> Result<Option<T>> {
     agree_all(world, what, attempt.transpose())
+}
+
+/// Gathers every rank's `value` to rank 0 with the communicator's own collectives (an
+/// all-gather of the sizes, then a gather of the padded JSON bytes). Rank 0 gets every rank's `value` (as JSON: an entry is the text's parse error if it
+/// cannot be read back); the others `None`.
+pub(crate) fn gather_json<T: Serialize + DeserializeOwned>(
+    comm: &xccl::Communicator,
+    value: &T,
+) -> Result<Option<Vec<std::result::Result<T, String>>>> {
+    let bytes = serde_json::to_vec(value).map_err(|e| Error::internal(format!("cannot encode: {e}")))?;
+    let mut lens = vec![0u64; comm.size()];
+    comm.all_gather(&[bytes.len() as u64], &mut lens)?;
+    let max = lens.iter().copied().max().unwrap_or(0) as usize;
+    let mut padded = bytes;
+    padded.resize(max, 0);
+    let mut all = if comm.rank() == 0 { vec![0u8; max * comm.size()] } else { Vec::new() };
+    comm.gather(&padded, &mut all, 0)?;
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    let values = lens
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| {
+            serde_json::from_slice(&all[r * max..r * max + len as usize]).map_err(|e| e.to_string())
+        })
+        .collect();
+    Ok(Some(values))
 }

@@ -156,24 +156,12 @@ impl RankReport {
 /// all-gather of the sizes, then a gather of the padded JSON bytes). Rank 0 gets them in
 /// rank order, the others `None`.
 pub fn gather_reports(comm: &Communicator, mine: &RankReport) -> Result<Option<Vec<RankReport>>> {
-    let bytes = mine.to_json().to_string().into_bytes();
-    let mut lens = vec![0u64; comm.size()];
-    comm.all_gather(&[bytes.len() as u64], &mut lens)?;
-    let max = lens.iter().copied().max().unwrap_or(0) as usize;
-    let mut padded = bytes;
-    padded.resize(max, 0);
-    let mut all = if comm.rank() == 0 { vec![0u8; max * comm.size()] } else { Vec::new() };
-    comm.gather(&padded, &mut all, 0)?;
-    if comm.rank() != 0 {
-        return Ok(None);
-    }
-    let reports = lens
-        .iter()
+    let Some(all) = crate::error::gather_json(comm, &mine.to_json())? else { return Ok(None) };
+    let reports = all
+        .into_iter()
         .enumerate()
-        .map(|(r, &len)| {
-            let part = &all[r * max..r * max + len as usize];
-            serde_json::from_slice::<Value>(part)
-                .ok()
+        .map(|(r, v)| {
+            v.ok()
                 .and_then(|v| RankReport::from_json(&v))
                 .ok_or_else(|| Error::internal(format!("rank {r} sent an unreadable report")))
         })

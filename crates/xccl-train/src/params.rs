@@ -576,12 +576,10 @@ impl Chunks {
     /// something is first added to it, and may be [taken](Self::take) for good (ZeRO stages
     /// 2 and 3 keep a block's full gradient only until it is reduce-scattered).
     pub fn vacant(lens: &[usize]) -> Chunks {
-        let mut c = Chunks::new(&vec![0; lens.len()]);
-        let mut starts = vec![0];
-        for &l in lens {
-            starts.push(starts[starts.len() - 1] + l);
+        let mut c = Chunks::new(lens);
+        for b in &mut c.bufs {
+            *b = Vec::new();
         }
-        c.starts = starts;
         c
     }
 

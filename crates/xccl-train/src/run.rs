@@ -100,6 +100,29 @@ impl Context<'_> {
         sent
     }
 
+    /// What every data-parallel loop does once a step is done: tells `observer`, keeps the
+    /// step's `stat` in `steps`, the peak memory after the last step in `peak_rss`, and on
+    /// rank 0 the step's global `loss` in `losses`.
+    pub fn end_step(
+        &self,
+        stat: StepStat,
+        loss: f64,
+        out: (&mut Vec<StepStat>, &mut Vec<(u64, f64)>, &mut u64),
+        observer: &mut dyn Observer,
+    ) {
+        let (steps, losses, peak_rss) = out;
+        let step = stat.step;
+        observer.step(&stat);
+        steps.push(stat);
+        if step + 1 == self.config.steps {
+            *peak_rss = crate::metrics::peak_rss_bytes();
+        }
+        if self.mesh.world().rank() == 0 {
+            losses.push((step, loss));
+            observer.loss(step, loss, self.started.elapsed().as_secs_f64());
+        }
+    }
+
     /// Whether to checkpoint once `done` steps are done.
     pub fn checkpoint_due(&self, done: u64) -> bool {
         self.config

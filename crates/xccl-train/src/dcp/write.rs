@@ -16,7 +16,7 @@ use super::{
     CRASH_AFTER_SHARD, FORMAT, FileRecord, LATEST, METADATA, Metadata, Piece, Snapshot, StoredPiece, VERSION,
     bad, is_step_name, shard_file_name, step_dir_name,
 };
-use crate::error::{Error, Result, agree_with_root};
+use crate::error::{Error, Result, agree_with_root, gather_json};
 
 /// What a rank tells rank 0 before writing: the pieces it holds, or why it cannot save.
 #[derive(Serialize, Deserialize)]
@@ -411,33 +411,6 @@ fn clean(dir: &Path, current: &str) {
             tracing::warn!("cannot remove old checkpoint {}: {e}", entry.path().display());
         }
     }
-}
-
-/// Rank 0 gets every rank's `value` (as JSON: an entry is the text's parse error if it
-/// cannot be read back); the others `None`.
-fn gather_json<T: Serialize + DeserializeOwned>(
-    comm: &Communicator,
-    value: &T,
-) -> Result<Option<Vec<std::result::Result<T, String>>>> {
-    let bytes = serde_json::to_vec(value).map_err(|e| Error::internal(format!("cannot encode: {e}")))?;
-    let mut lens = vec![0u64; comm.size()];
-    comm.all_gather(&[bytes.len() as u64], &mut lens)?;
-    let max = lens.iter().copied().max().unwrap_or(0) as usize;
-    let mut padded = bytes;
-    padded.resize(max, 0);
-    let mut all = if comm.rank() == 0 { vec![0u8; max * comm.size()] } else { Vec::new() };
-    comm.gather(&padded, &mut all, 0)?;
-    if comm.rank() != 0 {
-        return Ok(None);
-    }
-    let values = lens
-        .iter()
-        .enumerate()
-        .map(|(r, &len)| {
-            serde_json::from_slice(&all[r * max..r * max + len as usize]).map_err(|e| e.to_string())
-        })
-        .collect();
-    Ok(Some(values))
 }
 
 /// Every rank gets rank 0's `value` (given on rank 0 only).

@@ -254,15 +254,7 @@ pub(crate) fn run(
             sent,
             pipe: pipe.as_ref().map(|p| [p.busy, unix_us(p.start), unix_us(p.end)]),
         };
-        observer.step(&stat);
-        steps.push(stat);
-        if step + 1 == cx.config.steps {
-            peak_rss = crate::metrics::peak_rss_bytes();
-        }
-        if cx.mesh.world().rank() == 0 {
-            losses.push((step, loss));
-            observer.loss(step, loss, cx.started.elapsed().as_secs_f64());
-        }
+        cx.end_step(stat, loss, (&mut steps, &mut losses, &mut peak_rss), observer);
         if cx.checkpoint_due(step + 1) {
             let snap = snapshot(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &losses)?;
             trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snap))?;
