@@ -311,3 +311,43 @@ fn checkpoints_are_byte_identical_on_rerun_and_survive_a_rank_killed_mid_save() 
         std::fs::remove_dir_all(d).unwrap();
     }
 }
+
+#[test]
+fn an_exported_and_imported_checkpoint_starts_a_run_where_the_other_ended() {
+    // A learning rate that moves the tiny model far in 30 steps.
+    let fast: Vec<&str> = TINY.iter().map(|&a| if a == "1e-3" { "1e-2" } else { a }).collect();
+    let train = |out: &Path, args: &[&str]| train_on(&fast, out, args);
+    let first = out_dir("export-first");
+    ok(&train(&first, &["--dp", "2", "--zero", "2", "--steps", "30"]));
+    let file = first.join("exported.safetensors");
+    let export =
+        Command::new(XCCL).args(["checkpoint", "export"]).arg(first.join(DIR_NAME)).arg(&file).output();
+    ok(&export.expect("export"));
+    // A fresh directory whose checkpoint is the imported file: the run starts from its
+    // parameters (fresh optimiser state, step 0), under another mesh.
+    let second = out_dir("export-second");
+    let import =
+        Command::new(XCCL).args(["checkpoint", "import"]).arg(&file).arg(second.join(DIR_NAME)).output();
+    ok(&import.expect("import"));
+    ok(&train(&second, &["--dp", "1", "--steps", "1", "--resume"]));
+    let fresh = out_dir("export-fresh");
+    ok(&train(&fresh, &["--dp", "1", "--steps", "1"]));
+    let first_loss = |dir: &Path| {
+        let s: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary")).expect("json");
+        s["losses"][0][1].as_f64().expect("a loss")
+    };
+    let last: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(first.join("summary.json")).expect("summary")).expect("json");
+    let last = last["losses"][29][1].as_f64().expect("step 29's loss");
+    let (resumed, from_scratch) = (first_loss(&second), first_loss(&fresh));
+    // The imported run's first loss is the trained model's (same parameters, another
+    // batch), far below a fresh model's.
+    assert!(
+        (resumed - last).abs() < 0.25 * last && resumed < 0.8 * from_scratch,
+        "{resumed} {last} {from_scratch}"
+    );
+    for d in [first, second, fresh] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
