@@ -9,8 +9,9 @@
 
 use std::time::Instant;
 
-use xccl::algo::Algorithm;
+use xccl::algo::{Algorithm, Shape};
 use xccl::bootstrap::Rendezvous;
+use xccl::schedule::Blocks;
 use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
 
 /// The collective to measure.
@@ -25,6 +26,10 @@ pub enum Coll {
     /// `reduce_scatter` (size is the per-rank input)
     #[value(name = "reduce_scatter", alias = "reducescatter")]
     ReduceScatter,
+    /// `reduce_scatter_v` with uneven blocks: rank k's block is 1 + k % 3 parts of the
+    /// per-rank input (size is the per-rank input)
+    #[value(name = "reduce_scatter_v", alias = "reducescatterv")]
+    ReduceScatterV,
     /// `broadcast`
     #[value(name = "broadcast", alias = "bcast")]
     Broadcast,
@@ -47,10 +52,11 @@ pub enum Coll {
 
 impl Coll {
     /// Every collective the benchmark knows.
-    pub const ALL: [Coll; 9] = [
+    pub const ALL: [Coll; 10] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
+        Coll::ReduceScatterV,
         Coll::Broadcast,
         Coll::Reduce,
         Coll::AllToAll,
@@ -65,6 +71,7 @@ impl Coll {
             Coll::AllReduce => "allreduce",
             Coll::AllGather => "allgather",
             Coll::ReduceScatter => "reduce_scatter",
+            Coll::ReduceScatterV => "reduce_scatter_v",
             Coll::Broadcast => "bcast",
             Coll::Reduce => "reduce",
             Coll::AllToAll => "alltoall",
@@ -79,15 +86,18 @@ impl Coll {
         let n = n as f64;
         match self {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::Scatter | Coll::Gather => {
-                (n - 1.0) / n
-            }
+            Coll::AllGather
+            | Coll::ReduceScatter
+            | Coll::ReduceScatterV
+            | Coll::AllToAll
+            | Coll::Scatter
+            | Coll::Gather => (n - 1.0) / n,
             Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
         }
     }
 
     fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::ReduceScatterV | Coll::Reduce)
     }
 
     fn rooted(self) -> bool {
@@ -99,7 +109,7 @@ impl Coll {
         Some(match self {
             Coll::AllReduce => CollKind::AllReduce,
             Coll::AllGather => CollKind::AllGather,
-            Coll::ReduceScatter => CollKind::ReduceScatter,
+            Coll::ReduceScatter | Coll::ReduceScatterV => CollKind::ReduceScatter,
             Coll::Broadcast => CollKind::Broadcast,
             Coll::Reduce => CollKind::Reduce,
             Coll::AllToAll => CollKind::AllToAll,
@@ -241,8 +251,10 @@ pub(crate) struct Case<T> {
     expected: Vec<T>,
     /// Elements as nccl-tests counts them.
     pub count: usize,
-    /// The count each rank passes to the call (what plans and algorithms are chosen by).
-    per_rank: usize,
+    /// The layout the call passes (what plans and algorithms are chosen by).
+    shape: Shape,
+    /// The blocks of an uneven call.
+    counts: Vec<usize>,
     /// The result lands in `input` (in-place all-reduce).
     inplace: bool,
 }
@@ -269,7 +281,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; if is_out && !inplace { elems } else { 0 }],
                 expected: if is_out { (0..elems).map(|i| table[i % 35]).collect() } else { Vec::new() },
                 count: elems,
-                per_rank: elems,
+                shape: Shape::Count(elems),
+                counts: Vec::new(),
                 inplace,
             }
         }
@@ -278,7 +291,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: (0..elems).map(|i| if r == root { val(op, root, i) } else { filler }).collect(),
             expected: (0..elems).map(|i| val(op, root, i)).collect(),
             count: elems,
-            per_rank: elems,
+            shape: Shape::Count(elems),
+            counts: Vec::new(),
             inplace: false,
         },
         Coll::AllGather | Coll::Gather => {
@@ -292,7 +306,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                     Vec::new()
                 },
                 count: block * n,
-                per_rank: block,
+                shape: Shape::Count(block),
+                counts: Vec::new(),
                 inplace: false,
             }
         }
@@ -303,7 +318,26 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; block],
                 expected: (0..block).map(|j| table[(r * block + j) % 35]).collect(),
                 count: block * n,
-                per_rank: block,
+                shape: Shape::Count(block),
+                counts: Vec::new(),
+                inplace: false,
+            }
+        }
+        Coll::ReduceScatterV => {
+            // Rank k's block holds 1 + k % 3 parts; the last block takes what is left over.
+            let parts: Vec<usize> = (0..n).map(|k| 1 + k % 3).collect();
+            let whole: usize = parts.iter().sum();
+            let mut counts: Vec<usize> = parts.iter().map(|p| elems / whole * p).collect();
+            counts[n - 1] += elems - counts.iter().sum::<usize>();
+            let off: usize = counts[..r].iter().sum();
+            let table: Vec<T> = (0..35).map(reduced).collect();
+            Case {
+                input: (0..elems).map(|i| val(op, r, i)).collect(),
+                output: vec![filler; counts[r]],
+                expected: (0..counts[r]).map(|j| table[(off + j) % 35]).collect(),
+                count: elems,
+                shape: Shape::Scatter(Blocks::from_counts(&counts)),
+                counts,
                 inplace: false,
             }
         }
@@ -312,7 +346,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: vec![filler; block * n],
             expected: (0..block * n).map(|k| code(k / block, r, k % block)).collect(),
             count: block * n,
-            per_rank: block,
+            shape: Shape::Count(block),
+            counts: Vec::new(),
             inplace: false,
         },
         Coll::Scatter => Case {
@@ -320,7 +355,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             output: vec![filler; block],
             expected: (0..block).map(|j| val(op, root, r * block + j)).collect(),
             count: block * n,
-            per_rank: block,
+            shape: Shape::Count(block),
+            counts: Vec::new(),
             inplace: false,
         },
         Coll::SendRecv => {
@@ -330,7 +366,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 output: vec![filler; elems],
                 expected: (0..elems).map(|i| val(op, prev, i)).collect(),
                 count: elems,
-                per_rank: elems,
+                shape: Shape::Count(elems),
+                counts: Vec::new(),
                 inplace: false,
             }
         }
@@ -347,6 +384,7 @@ pub(crate) fn run_once<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut C
         Coll::AllGather => c.all_gather(&k.input, &mut k.output),
         Coll::Gather => c.gather(&k.input, &mut k.output, root),
         Coll::ReduceScatter => c.reduce_scatter(&k.input, &mut k.output, op),
+        Coll::ReduceScatterV => c.reduce_scatter_v(&k.input, &mut k.output, &k.counts, op),
         Coll::AllToAll => c.all_to_all(&k.input, &mut k.output),
         Coll::Scatter => c.scatter(&k.input, &mut k.output, root),
         Coll::SendRecv => {
@@ -385,12 +423,12 @@ pub(crate) struct Row {
 }
 
 /// Measures one size on `c`: a checked run, a timed warm-up that sets the number of runs,
-/// the timed runs, and the result checked again. Also returns the count each rank passed.
+/// the timed runs, and the result checked again. Also returns the layout each rank passed.
 pub(crate) fn measure<T: Element>(
     c: &Communicator,
     args: &BenchArgs,
     bytes: usize,
-) -> xccl::Result<(Row, usize)> {
+) -> xccl::Result<(Row, Shape)> {
     let n = c.size();
     let mut k = case::<T>(c, args, bytes);
     let mut bad = wrong_count(c, args, &mut k)?;
@@ -431,7 +469,7 @@ pub(crate) fn measure<T: Element>(
         wrong: sums[1] as usize,
         iters,
     };
-    Ok((row, k.per_rank))
+    Ok((row, k.shape))
 }
 
 fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Result<()> {
@@ -477,7 +515,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         let kind =
             kind.ok_or_else(|| xccl::Error::Config("--every-algo does not apply to sendrecv".into()))?;
         for &algo in Algorithm::for_collective(kind) {
-            if algo.supports(kind, n, &xccl::algo::Shape::Count(1)) {
+            if algo.supports(kind, n, &Shape::Count(1)) {
                 let mut config = c.config().clone();
                 config.algos.set(kind, algo)?;
                 forced.push((Some(algo), c.dup_with(config)?));
@@ -492,13 +530,13 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
     for bytes in sizes(args) {
         let mut measured = Vec::new();
         for (forced_algo, comm) in &runs {
-            let (row, per_rank) = measure::<T>(comm, args, bytes)?;
+            let (row, shape) = measure::<T>(comm, args, bytes)?;
             bus_sum += row.busbw;
             rows += 1;
             wrong_total += row.wrong;
             let (algo, pred) = match kind {
                 Some(kind) => {
-                    let choice = c.algorithm_for(kind, per_rank, args.dtype, args.root)?;
+                    let choice = c.algorithm_for_shape(kind, &shape, args.dtype, args.root)?;
                     let algo = forced_algo.unwrap_or(choice.algo);
                     let pred = choice.ranking.iter().find(|(a, _)| *a == algo).map_or(f64::NAN, |p| p.1);
                     let mark = if args.every_algo && algo == choice.algo { "*" } else { "" };

@@ -107,6 +107,14 @@ fn join<T: ToString>(v: &[T]) -> String {
 }
 
 fn measure(args: &MeasureArgs) -> xccl::Result<()> {
+    if args.colls.contains(&Coll::ReduceScatterV) {
+        // A record holds one count per rank, and the fit costs that even layout.
+        return Err(xccl::Error::Config(
+            "--colls: reduce_scatter_v is not measured, records hold even layouts (reduce_scatter's \
+             efficiencies apply to it)"
+                .into(),
+        ));
+    }
     let sizes = args
         .sizes
         .iter()
@@ -162,7 +170,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
                 let mut times = Vec::new();
                 let mut per_rank = 0;
                 for _ in 0..args.reps.max(1) {
-                    let (row, count) = bench::measure::<f32>(&forced, &bargs, bytes)?;
+                    let (row, shape) = bench::measure::<f32>(&forced, &bargs, bytes)?;
                     if row.wrong > 0 {
                         return Err(xccl::Error::Internal(format!(
                             "{kind} by {algo}: {} wrong values",
@@ -170,7 +178,9 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
                         )));
                     }
                     times.push(row.tavg);
-                    per_rank = count;
+                    if let Shape::Count(count) = shape {
+                        per_rank = count;
+                    }
                 }
                 times.sort_by(f64::total_cmp);
                 let median = times[times.len() / 2];

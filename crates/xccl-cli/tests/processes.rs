@@ -103,6 +103,14 @@ fn collectives() -> xccl::Result<()> {
     let want: Vec<f64> =
         counts.iter().enumerate().flat_map(|(k, &m)| std::iter::repeat_n(k as f64, m)).collect();
     check(out == want, "all_gather_v")?;
+    // Uneven reduce-scatter, an empty block among them: block k holds rank q's value q + k.
+    let counts: Vec<usize> = (0..n).map(|k| (k * 7 + 3) % 5 * 1000).collect();
+    let input: Vec<i64> =
+        counts.iter().enumerate().flat_map(|(k, &m)| std::iter::repeat_n((r + k) as i64, m)).collect();
+    let mut out = vec![0i64; counts[r]];
+    c.reduce_scatter_v(&input, &mut out, &counts, ReduceOp::Sum)?;
+    let want = (0..n).map(|q| (q + r) as i64).sum::<i64>();
+    check(out.iter().all(|x| *x == want), "reduce_scatter_v")?;
     let pair = c.split(Some((r % 2) as u32), -(r as i32))?.expect("every rank has a color");
     let mut v = [r as i32];
     pair.all_reduce(&mut v, ReduceOp::Max)?;
@@ -214,6 +222,11 @@ fn collectives_under_launcher() -> Result<(), String> {
     let out = launch(3, "collectives", &[("XCCL_ALGO", "allreduce:reduce_broadcast")])?;
     if !out.status.success() {
         return Err(format!("reduce_broadcast: {}", text(&out)));
+    }
+    // Three ranks fold onto two: recursive halving with uneven blocks in the folded rounds.
+    let out = launch(3, "collectives", &[("XCCL_ALGO", "reduce_scatter:recursive_halving")])?;
+    if !out.status.success() {
+        return Err(format!("recursive_halving: {}", text(&out)));
     }
     Ok(())
 }
