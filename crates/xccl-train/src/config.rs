@@ -92,7 +92,7 @@ impl std::fmt::Display for Strategy {
 /// Where and how often to checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointConfig {
-    /// The checkpoint file (see [`checkpoint::FILE_NAME`]).
+    /// The checkpoint directory (a [`crate::dcp`] checkpoint; see [`crate::checkpoint::DIR_NAME`]).
     pub path: PathBuf,
     /// Write one every this many steps (0: only at the end); always at the end.
     pub every: u64,

@@ -18,11 +18,10 @@ use xccl::{Communicator, ReduceOp, Work};
 use crate::checkpoint::{self, Source};
 pub use crate::config::DdpConfig;
 use crate::error::{Error, Result};
-use crate::metrics::StepStat;
 use crate::optim::Optimizer;
 use crate::params::{Chunks, ParamSet};
-use crate::run::{Context, Finish, Observer, Start};
-use crate::trace::{Kind, Trace, unix_us};
+use crate::run::{Context, Done, Finish, Observer, Start};
+use crate::trace::{Kind, Trace};
 
 /// One bucket: a chunk of the gradient chunks and the lowest block it covers.
 #[derive(Clone, Debug)]
@@ -133,14 +132,12 @@ pub(crate) fn run(
 ) -> Result<Finish> {
     let dp = cx.mesh.dp();
     let (mut ddp, mut grads) = Ddp::new(dp.clone(), cx.model.params(), config)?;
-    let Start { step: first, params, mut optimizer, mut losses } = start;
+    let Start { step: first, params, mut optimizer, losses } = start;
     // The model's variables hold the parameters; the optimiser updates them bucket by
     // bucket, so no second flat copy is kept.
     drop(params);
     let set = cx.model.params();
-    let mut steps = Vec::new();
-    let mut peak_rss = 0;
-    let mut timeline = Vec::new();
+    let mut done = Done { losses, ..Done::default() };
     let mut saver = cx.saver()?;
     for step in first..cx.config.steps {
         let t0 = Instant::now();
@@ -158,18 +155,7 @@ pub(crate) fn run(
         let loss = cx.finish_step(&mut grads, loss)?;
         let sent = cx.step_comm(trace);
         trace.span(|| "optimizer".into(), || step_in_place(set, &mut optimizer, &grads))?;
-        let stat = StepStat {
-            step,
-            seconds: t0.elapsed().as_secs_f64(),
-            wait: wait.as_secs_f64(),
-            version: None,
-            sent,
-            pipe: pipe.as_ref().map(|p| [p.busy, unix_us(p.start), unix_us(p.end)]),
-        };
-        if let Some(p) = pipe {
-            timeline = p.timeline;
-        }
-        cx.end_step(stat, loss, (&mut steps, &mut losses, &mut peak_rss), observer);
+        cx.end_step((step, t0, wait, sent), pipe, loss, &mut done, observer);
         // The first replica writes its pieces (each rank of its tensor-parallel group and
         // pipeline its own); the copy is taken now and written in the background.
         if cx.checkpoint_due(step + 1) {
@@ -180,7 +166,7 @@ pub(crate) fn run(
                 Source::Params => set.read_range(r),
                 Source::State(i) => Ok(state[i][r].to_vec()),
             };
-            let snapshot = cx.snapshot(step + 1, &parts, values, optimizer.steps(), &losses)?;
+            let snapshot = cx.snapshot(step + 1, &parts, values, optimizer.steps(), &done.losses)?;
             trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snapshot))?;
         }
     }
@@ -190,6 +176,7 @@ pub(crate) fn run(
     let states = optimizer.state().len() as u64;
     let local = 4 * set.len() as u64;
     let held = [local, local, states * local];
+    let Done { steps, losses, peak_rss, timeline } = done;
     Ok(Finish { params: set.read()?, steps, losses, role: "worker", peak_rss, timeline, held })
 }
 

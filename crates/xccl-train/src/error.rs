@@ -113,8 +113,9 @@ pub(crate) fn agree_with_root<T>(
 }
 
 /// Gathers every rank's `value` to rank 0 with the communicator's own collectives (an
-/// all-gather of the sizes, then a gather of the padded JSON bytes). Rank 0 gets every rank's `value` (as JSON: an entry is the text's parse error if it
-/// cannot be read back); the others `None`.
+/// all-gather of the sizes, then a gather of the padded JSON bytes). Rank 0 gets them in
+/// rank order (an entry is the text's parse error if it cannot be read back); the others
+/// `None`.
 pub(crate) fn gather_json<T: Serialize + DeserializeOwned>(
     comm: &xccl::Communicator,
     value: &T,

@@ -1,7 +1,7 @@
 //! The training run, one place for what every strategy shares: where it starts (fresh or
 //! from a checkpoint), each worker's gradient computation over its share of the global
 //! batch, checkpoints, and how it ends (evaluation, reports gathered to rank 0). A
-//! strategy ([`crate::ddp`], [`crate::ps`]) is a loop over steps that uses a [`Context`];
+//! strategy ([`crate::ddp`], [`crate::zero`], [`crate::ps`]) is a loop over steps that uses a [`Context`];
 //! [`crate::trainer::train`] composes the mesh, the model and a strategy.
 
 use std::time::Instant;
@@ -73,6 +73,19 @@ pub(crate) struct Finish {
     pub held: [u64; 3],
 }
 
+/// What a data-parallel loop has done so far.
+#[derive(Default)]
+pub(crate) struct Done {
+    /// This rank's steps.
+    pub steps: Vec<StepStat>,
+    /// `(step, global loss)` (rank 0).
+    pub losses: Vec<(u64, f64)>,
+    /// Peak resident memory after the last step.
+    pub peak_rss: u64,
+    /// Pipeline: the forwards and backwards of the last step.
+    pub timeline: Vec<(String, Instant, Instant)>,
+}
+
 /// The pieces every strategy's loop uses.
 pub(crate) struct Context<'a> {
     pub mesh: &'a Mesh,
@@ -100,18 +113,30 @@ impl Context<'_> {
         sent
     }
 
-    /// What every data-parallel loop does once a step is done: tells `observer`, keeps the
-    /// step's `stat` in `steps`, the peak memory after the last step in `peak_rss`, and on
-    /// rank 0 the step's global `loss` in `losses`.
+    /// What every data-parallel loop does once step `step` (begun at `t0`, `wait` of it
+    /// waiting for communication that sent `sent`, `pipe` what its pipeline did) is done:
+    /// tells `observer`, keeps the step's statistics in `done`, the pipeline's timeline of
+    /// it, the peak memory after the last step, and on rank 0 the step's global `loss`.
     pub fn end_step(
         &self,
-        stat: StepStat,
+        (step, t0, wait, sent): (u64, Instant, std::time::Duration, [u64; 3]),
+        pipe: Option<PipeStat>,
         loss: f64,
-        out: (&mut Vec<StepStat>, &mut Vec<(u64, f64)>, &mut u64),
+        done: &mut Done,
         observer: &mut dyn Observer,
     ) {
-        let (steps, losses, peak_rss) = out;
-        let step = stat.step;
+        let stat = StepStat {
+            step,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait: wait.as_secs_f64(),
+            version: None,
+            sent,
+            pipe: pipe.as_ref().map(|p| [p.busy, trace::unix_us(p.start), trace::unix_us(p.end)]),
+        };
+        if let Some(p) = pipe {
+            done.timeline = p.timeline;
+        }
+        let Done { steps, losses, peak_rss, .. } = done;
         observer.step(&stat);
         steps.push(stat);
         if step + 1 == self.config.steps {

@@ -1,7 +1,7 @@
 //! [`train`]: a training run composed of its parts. The world becomes a mesh (pipeline ×
 //! data-parallel × tensor-parallel, [`crate::mesh`]); the model, or this rank's pipeline
 //! stage of it ([`crate::pipeline`]), is built for this rank's tensor-parallel group
-//! ([`crate::tp`]); a data-parallel strategy ([`crate::ddp`] or [`crate::ps`]) runs the
+//! ([`crate::tp`]); a data-parallel strategy ([`crate::ddp`], [`crate::zero`] or [`crate::ps`]) runs the
 //! steps over the data-parallel group; [`crate::run`] starts and ends it. The strategies
 //! never see each other: DDP reduces whatever parameters the model holds, whole, a
 //! stage's blocks or tensor-parallel pieces, and a pipeline only replaces how one step's

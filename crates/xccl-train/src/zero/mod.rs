@@ -42,11 +42,10 @@ use crate::checkpoint::Source;
 pub use crate::config::ZeroConfig;
 use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
-use crate::metrics::StepStat;
 use crate::optim::Optimizer;
 use crate::params::{Chunks, Shard};
-use crate::run::{Context, Finish, Observer, Start};
-use crate::trace::{Kind, Trace, unix_us};
+use crate::run::{Context, Done, Finish, Observer, Start};
+use crate::trace::{Kind, Trace};
 use gather::Gatherer;
 use layout::ShardLayout;
 
@@ -189,19 +188,10 @@ pub(crate) fn run(
     let dp = cx.mesh.dp();
     let model = cx.model;
     let set = model.params();
-    let Zero {
-        config,
-        layout,
-        first,
-        mut losses,
-        mut optimizer,
-        mut shard_params,
-        mut grads,
-        mut shard_grads,
-    } = zero;
+    let Zero { config, layout, first, losses, mut optimizer, mut shard_params, mut grads, mut shard_grads } =
+        zero;
     let stage3 = config.stage == 3;
-    let mut steps = Vec::new();
-    let mut peak_rss = 0;
+    let mut done = Done { losses, ..Done::default() };
     let mut working_set = 0;
     let mut saver = cx.saver()?;
     for step in first..cx.config.steps {
@@ -246,17 +236,9 @@ pub(crate) fn run(
             || step_shards(cx, &layout, &mut optimizer, &mut shard_params, &shard_grads, stage3),
         )?;
         let sent = cx.step_comm(trace);
-        let stat = StepStat {
-            step,
-            seconds: t0.elapsed().as_secs_f64(),
-            wait: wait.as_secs_f64(),
-            version: None,
-            sent,
-            pipe: pipe.as_ref().map(|p| [p.busy, unix_us(p.start), unix_us(p.end)]),
-        };
-        cx.end_step(stat, loss, (&mut steps, &mut losses, &mut peak_rss), observer);
+        cx.end_step((step, t0, wait, sent), pipe, loss, &mut done, observer);
         if cx.checkpoint_due(step + 1) {
-            let snap = snapshot(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &losses)?;
+            let snap = snapshot(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &done.losses)?;
             trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snap))?;
         }
     }
@@ -272,7 +254,8 @@ pub(crate) fn run(
         true => gather_all(dp, &layout, &shard_params)?,
         false => set.read()?,
     };
-    Ok(Finish { params, steps, losses, role: "worker", peak_rss, timeline: Vec::new(), held })
+    let Done { steps, losses, peak_rss, timeline } = done;
+    Ok(Finish { params, steps, losses, role: "worker", peak_rss, timeline, held })
 }
 
 /// The optimiser's step over this rank's slices, then (stages 1 and 2) every block's
