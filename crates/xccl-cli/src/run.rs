@@ -3,7 +3,9 @@
 //! The launcher serves the job's key-value store (on node 0), gives every rank the
 //! variables of torchrun's conventions plus `XCCL_*` ones, prefixes each output line with its
 //! rank, and watches the ranks: when one fails, the others are stopped and the launcher exits
-//! with the failed rank's status, naming it. Ctrl-C stops every rank cleanly.
+//! with the failed rank's status, naming it, or, with `--max-restarts K`, starts the whole
+//! job again (a fresh store, every rank told the attempt in `TORCHELASTIC_RESTART_COUNT` and
+//! `XCCL_RESTART_COUNT`), as torchrun does. Ctrl-C stops every rank cleanly and never restarts.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -35,6 +37,10 @@ pub struct RunArgs {
     /// Seconds ranks get to exit after Ctrl-C or a failure before they are killed.
     #[arg(long, default_value_t = 5.0)]
     pub grace: f64,
+    /// Times to start the whole job again after a rank fails (single node; multi-node
+    /// elastic jobs: torchrun).
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: u32,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -98,6 +104,8 @@ pub struct Job {
     pub nnodes: usize,
     /// Seconds ranks get to exit after Ctrl-C or a failure before they are killed.
     pub grace: f64,
+    /// Times to start the whole job again after a rank fails (single node only).
+    pub max_restarts: u32,
     /// The program and its arguments.
     pub command: Vec<String>,
     /// Variables set for every rank on top of the launcher's.
@@ -115,6 +123,7 @@ impl Job {
             node_rank: 0,
             nnodes: 1,
             grace: 5.0,
+            max_restarts: 0,
             command,
             env: Vec::new(),
         }
@@ -131,6 +140,7 @@ impl From<RunArgs> for Job {
             node_rank: a.node_rank,
             nnodes: a.nnodes,
             grace: a.grace,
+            max_restarts: a.max_restarts,
             command: a.command,
             env: Vec::new(),
         }
@@ -185,8 +195,38 @@ pub fn run(args: RunArgs) -> ExitCode {
     launch(&Job::from(args), output)
 }
 
+/// How long the other ranks get after a rank failed before they are asked to stop: their
+/// communicators see the failure at once, so they end by themselves, each naming the lost
+/// rank.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// How one attempt of a job ended.
+enum Ending {
+    /// Every rank exited with status 0.
+    Success,
+    /// Ctrl-C (SIGINT, SIGTERM or SIGHUP) reached the launcher and no rank had failed.
+    Interrupted,
+    /// `rank` failed first (`what`, in words); the job's exit code would be `code`.
+    Failed { rank: usize, what: String, code: u8 },
+    /// A rank could not be started; the others were stopped.
+    NotStarted,
+}
+
+/// What stays the same over the attempts of a job.
+struct Setup<'a> {
+    job: &'a Job,
+    secret: String,
+    /// The job's id (`XCCL_JOB_ID`): the same in every attempt, which each meet in a store
+    /// of their own.
+    id: String,
+    output: Arc<dyn Output>,
+    /// Set by Ctrl-C, SIGTERM and SIGHUP.
+    stop: Arc<AtomicBool>,
+}
+
 /// Starts the ranks of `job` on this node, hands their output to `output`, and watches
-/// them: when one fails the others are stopped, and the exit code is the failed rank's.
+/// them: when one fails the others are stopped, and the job is started again while restarts
+/// are left; the exit code is then the last failed rank's.
 pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
     let name = args.name;
     let fail = |msg: &dyn std::fmt::Display| {
@@ -197,6 +237,14 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
         return fail(&"need a command, -n >= 1, --nnodes >= 1 and --node-rank < --nnodes");
     }
     let multi = args.nnodes > 1;
+    if multi && args.max_restarts > 0 {
+        return fail(&format!(
+            "--max-restarts {} needs every node's launcher to agree on each restart, which {name} does \
+             not do: use torchrun (--nnodes, --max-restarts, --rdzv-backend c10d) for multi-node elastic \
+             jobs, or leave out --max-restarts",
+            args.max_restarts
+        ));
+    }
     let secret = match std::env::var("XCCL_SECRET") {
         Ok(s) => s,
         Err(_) if multi => {
@@ -207,161 +255,202 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
             Err(e) => return fail(&e),
         },
     };
-    let job = std::env::var("XCCL_JOB_ID")
+    let id = std::env::var("XCCL_JOB_ID")
         .unwrap_or_else(|_| format!("xccl-run-{}", random_hex(6).unwrap_or_default()));
     if multi && args.master_port == 0 {
         return fail(&"multi-node runs need --master-port");
     }
-    let auth = match Auth::new(job.clone(), secret.clone().into_bytes()) {
-        Ok(a) => a,
-        Err(e) => return fail(&e),
-    };
-    let mut _store = None;
-    let store_addr = if args.node_rank == 0 {
-        let bind = if multi { "0.0.0.0".to_string() } else { args.master_addr.clone() };
-        match StoreServer::start((bind.as_str(), args.master_port), auth) {
-            Ok(s) => {
-                let port = s.addr().port();
-                _store = Some(s);
-                format!("{}:{port}", args.master_addr)
-            }
-            Err(e) => {
-                return fail(&format!("cannot serve the store on {bind}:{}: {e}", args.master_port));
-            }
-        }
-    } else {
-        format!("{}:{}", args.master_addr, args.master_port)
-    };
-    let port = store_addr.rsplit(':').next().unwrap_or("0").to_string();
-
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
             return fail(&format!("cannot handle signals: {e}"));
         }
     }
+    let setup = Setup { job: args, secret, id, output: output.clone(), stop };
+    let attempts = args.max_restarts.saturating_add(1);
+    let mut attempt = 0;
+    loop {
+        let ending = match setup.attempt(attempt) {
+            Ok(e) => e,
+            Err(e) => return fail(&e),
+        };
+        // A rank that died while its communicator was being built can leave a segment file.
+        remove_job_segments(&setup.id);
+        match ending {
+            Ending::Success => return ExitCode::SUCCESS,
+            Ending::Interrupted => return ExitCode::from(130),
+            Ending::NotStarted => return ExitCode::from(127),
+            Ending::Failed { rank, what, code } => {
+                attempt += 1;
+                if attempt < attempts && !setup.stop.load(Ordering::Relaxed) {
+                    output.note(&format!(
+                        "{name}: rank {rank} {what}; restarting the job (attempt {} of {attempts})",
+                        attempt + 1
+                    ));
+                    continue;
+                }
+                let tries =
+                    if attempts > 1 { format!(" in attempt {attempt} of {attempts}") } else { String::new() };
+                output.note(&format!("{name}: job failed: rank {rank} {what}{tries}"));
+                return ExitCode::from(code.max(1));
+            }
+        }
+    }
+}
 
-    let world = args.nproc * args.nnodes;
-    let mut children: Vec<(usize, Child)> = Vec::new();
-    let mut pipes = Vec::new();
-    for local in 0..args.nproc {
-        let rank = args.node_rank * args.nproc + local;
-        let mut cmd = Command::new(&args.command[0]);
-        cmd.args(&args.command[1..]);
-        for (k, v) in [
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", world.to_string()),
-            ("LOCAL_RANK", local.to_string()),
-            ("LOCAL_WORLD_SIZE", args.nproc.to_string()),
-            ("GROUP_RANK", args.node_rank.to_string()),
-            ("MASTER_ADDR", args.master_addr.clone()),
-            ("MASTER_PORT", port.clone()),
-            ("XCCL_RANK", rank.to_string()),
-            ("XCCL_WORLD_SIZE", world.to_string()),
-            ("XCCL_LOCAL_RANK", local.to_string()),
-            ("XCCL_STORE_ADDR", store_addr.clone()),
-            ("XCCL_SECRET", secret.clone()),
-            ("XCCL_JOB_ID", job.clone()),
-        ] {
-            cmd.env(k, v);
-        }
-        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
-        {
-            use std::os::unix::process::CommandExt;
-            // Own process group: Ctrl-C reaches the launcher only, which then stops every rank.
-            cmd.process_group(0);
-            // SAFETY: the closure runs in the forked child before exec and only makes one
-            // async-signal-safe system call (prctl); it touches no memory of the parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                    Ok(())
-                });
+impl Setup<'_> {
+    /// Serves a fresh store (node 0) and runs attempt `attempt` (0 first) of the job on this
+    /// node to its end. `Err`: the store could not be served.
+    fn attempt(&self, attempt: u32) -> Result<Ending, String> {
+        let (args, name, output) = (self.job, self.job.name, &self.output);
+        let multi = args.nnodes > 1;
+        let mut _store = None;
+        let store_addr = if args.node_rank == 0 {
+            let auth =
+                Auth::new(self.id.clone(), self.secret.clone().into_bytes()).map_err(|e| e.to_string())?;
+            let bind = if multi { "0.0.0.0".to_string() } else { args.master_addr.clone() };
+            let s = StoreServer::start((bind.as_str(), args.master_port), auth)
+                .map_err(|e| format!("cannot serve the store on {bind}:{}: {e}", args.master_port))?;
+            let port = s.addr().port();
+            _store = Some(s);
+            format!("{}:{port}", args.master_addr)
+        } else {
+            format!("{}:{}", args.master_addr, args.master_port)
+        };
+        let port = store_addr.rsplit(':').next().unwrap_or("0").to_string();
+
+        let world = args.nproc * args.nnodes;
+        let mut running: Vec<Option<Child>> = Vec::new();
+        let mut ranks = Vec::new();
+        let mut pipes = Vec::new();
+        for local in 0..args.nproc {
+            let rank = args.node_rank * args.nproc + local;
+            let mut cmd = Command::new(&args.command[0]);
+            cmd.args(&args.command[1..]);
+            for (k, v) in [
+                ("RANK", rank.to_string()),
+                ("WORLD_SIZE", world.to_string()),
+                ("LOCAL_RANK", local.to_string()),
+                ("LOCAL_WORLD_SIZE", args.nproc.to_string()),
+                ("GROUP_RANK", args.node_rank.to_string()),
+                ("MASTER_ADDR", args.master_addr.clone()),
+                ("MASTER_PORT", port.clone()),
+                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
+                ("XCCL_RANK", rank.to_string()),
+                ("XCCL_WORLD_SIZE", world.to_string()),
+                ("XCCL_LOCAL_RANK", local.to_string()),
+                ("XCCL_STORE_ADDR", store_addr.clone()),
+                ("XCCL_SECRET", self.secret.clone()),
+                ("XCCL_JOB_ID", self.id.clone()),
+                ("XCCL_RESTART_COUNT", attempt.to_string()),
+            ] {
+                cmd.env(k, v);
+            }
+            cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+            {
+                use std::os::unix::process::CommandExt;
+                // Own process group: Ctrl-C reaches the launcher only, which then stops every rank.
+                cmd.process_group(0);
+                // SAFETY: the closure runs in the forked child before exec and only makes one
+                // async-signal-safe system call (prctl); it touches no memory of the parent.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                        Ok(())
+                    });
+                }
+            }
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    if let Some(out) = child.stdout.take() {
+                        pipes.push(forward(out, rank, false, output.clone()));
+                    }
+                    if let Some(err) = child.stderr.take() {
+                        pipes.push(forward(err, rank, true, output.clone()));
+                    }
+                    running.push(Some(child));
+                    ranks.push(rank);
+                }
+                Err(e) => {
+                    output.note(&format!("{name}: cannot start '{}': {e}", args.command[0]));
+                    for c in running.iter().flatten() {
+                        signal_group(c, Signal::KILL);
+                    }
+                    for c in running.iter_mut().flatten() {
+                        let _ = c.wait();
+                    }
+                    return Ok(Ending::NotStarted);
+                }
             }
         }
-        match cmd.spawn() {
-            Ok(mut child) => {
-                if let Some(out) = child.stdout.take() {
-                    pipes.push(forward(out, rank, false, output.clone()));
+        let ending = self.watch(&mut running, &ranks);
+        for p in pipes {
+            let _ = p.join();
+        }
+        Ok(ending)
+    }
+
+    /// Waits for the ranks `running` (world ranks `ranks`) to end: on Ctrl-C, or once the
+    /// others had [`SETTLE`] after the first failure to notice it and say so themselves, the
+    /// ranks still running are asked to stop, and killed after the grace period.
+    fn watch(&self, running: &mut [Option<Child>], ranks: &[usize]) -> Ending {
+        let (name, output) = (self.job.name, &self.output);
+        let grace = Duration::from_secs_f64(self.job.grace.max(0.0));
+        let settle = SETTLE.min(grace);
+        let mut failure: Option<(usize, String, u8)> = None;
+        let mut failed_at: Option<Instant> = None;
+        let mut stopping_since: Option<Instant> = None;
+        let mut interrupted = false;
+        loop {
+            if self.stop.load(Ordering::Relaxed) && !interrupted {
+                interrupted = true;
+                output.note(&format!(
+                    "{name}: interrupted; stopping {} rank(s)",
+                    running.iter().flatten().count()
+                ));
+                for c in running.iter().flatten() {
+                    signal_group(c, Signal::INT);
                 }
-                if let Some(err) = child.stderr.take() {
-                    pipes.push(forward(err, rank, true, output.clone()));
-                }
-                children.push((rank, child));
+                stopping_since.get_or_insert_with(Instant::now);
             }
-            Err(e) => {
-                output.note(&format!("{name}: cannot start '{}': {e}", args.command[0]));
-                for (_, c) in &children {
+            for (i, slot) in running.iter_mut().enumerate() {
+                let Some(child) = slot else { continue };
+                if let Ok(Some(status)) = child.try_wait() {
+                    let pid = child.id();
+                    *slot = None;
+                    if !status.success() && failure.is_none() && !interrupted {
+                        let (what, code) = describe(status);
+                        output.note(&format!(
+                            "{name}: rank {} (pid {pid}) {what}; stopping the other ranks",
+                            ranks[i]
+                        ));
+                        failure = Some((ranks[i], what, code));
+                        failed_at = Some(Instant::now());
+                    }
+                }
+            }
+            if failed_at.is_some_and(|t| t.elapsed() >= settle) && stopping_since.is_none() {
+                for c in running.iter().flatten() {
+                    signal_group(c, Signal::TERM);
+                }
+                stopping_since = Some(Instant::now());
+            }
+            if running.iter().all(Option::is_none) {
+                break;
+            }
+            if stopping_since.is_some_and(|t| t.elapsed() > grace) {
+                for c in running.iter().flatten() {
                     signal_group(c, Signal::KILL);
                 }
-                for (_, c) in &mut children {
-                    let _ = c.wait();
-                }
-                return ExitCode::from(127);
             }
+            std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    let grace = Duration::from_secs_f64(args.grace.max(0.0));
-    let mut running: Vec<Option<Child>> = Vec::new();
-    let ranks: Vec<usize> = children.iter().map(|(r, _)| *r).collect();
-    running.extend(children.into_iter().map(|(_, c)| Some(c)));
-    let mut failure: Option<(usize, String, u8)> = None;
-    let mut stopping_since: Option<Instant> = None;
-    let mut interrupted = false;
-    loop {
-        if stop.load(Ordering::Relaxed) && stopping_since.is_none() {
-            interrupted = true;
-            output
-                .note(&format!("{name}: interrupted; stopping {} rank(s)", running.iter().flatten().count()));
-            for c in running.iter().flatten() {
-                signal_group(c, Signal::INT);
-            }
-            stopping_since = Some(Instant::now());
+        match failure {
+            Some((rank, what, code)) => Ending::Failed { rank, what, code },
+            None if interrupted => Ending::Interrupted,
+            None => Ending::Success,
         }
-        for (i, slot) in running.iter_mut().enumerate() {
-            let Some(child) = slot else { continue };
-            if let Ok(Some(status)) = child.try_wait() {
-                let pid = child.id();
-                *slot = None;
-                if !status.success() && failure.is_none() && !interrupted {
-                    let (what, code) = describe(status);
-                    output.note(&format!(
-                        "{name}: rank {} (pid {pid}) {what}; stopping the other ranks",
-                        ranks[i]
-                    ));
-                    failure = Some((ranks[i], what, code));
-                }
-            }
-        }
-        if failure.is_some() && stopping_since.is_none() {
-            for c in running.iter().flatten() {
-                signal_group(c, Signal::TERM);
-            }
-            stopping_since = Some(Instant::now());
-        }
-        if running.iter().all(Option::is_none) {
-            break;
-        }
-        if stopping_since.is_some_and(|t| t.elapsed() > grace) {
-            for c in running.iter().flatten() {
-                signal_group(c, Signal::KILL);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for p in pipes {
-        let _ = p.join();
-    }
-    // A rank that died while its communicator was being built can leave a segment file.
-    remove_job_segments(&job);
-    match failure {
-        Some((rank, what, code)) => {
-            output.note(&format!("{name}: job failed: rank {rank} {what}"));
-            ExitCode::from(code.max(1))
-        }
-        None if interrupted => ExitCode::from(130),
-        None => ExitCode::SUCCESS,
     }
 }

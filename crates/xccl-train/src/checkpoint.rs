@@ -140,19 +140,25 @@ pub fn whole_parts(set: &ParamSet, tp_rank: usize) -> Vec<(usize, Range<usize>)>
         .collect()
 }
 
-/// The run's entries of a checkpoint's metadata.
+/// The run's entries of a checkpoint's metadata (`run`: the id of the job writing it, see
+/// [`CheckpointConfig::run`](crate::config::CheckpointConfig::run)).
 pub fn extra(
     fingerprint: &str,
     losses: &[(u64, f64)],
     optimizer_steps: u64,
     mesh: &str,
+    run: Option<&str>,
 ) -> BTreeMap<String, Value> {
-    BTreeMap::from([
+    let mut extra = BTreeMap::from([
         ("fingerprint".to_string(), json!(fingerprint)),
         ("losses".to_string(), json!(losses)),
         ("optimizer_steps".to_string(), json!(optimizer_steps)),
         ("mesh".to_string(), json!(mesh)),
-    ])
+    ]);
+    if let Some(run) = run {
+        extra.insert("run".to_string(), json!(run));
+    }
+    extra
 }
 
 /// Every parameter of the checkpoint in `dir`, whole, by its plain name.

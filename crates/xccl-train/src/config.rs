@@ -98,6 +98,9 @@ pub struct CheckpointConfig {
     pub every: u64,
     /// Continue from the file instead of starting fresh.
     pub resume: bool,
+    /// The id of the job that writes the checkpoints (kept in their metadata as `run`), so a
+    /// restarted attempt of the job can tell its own checkpoints from an earlier job's.
+    pub run: Option<String>,
 }
 
 /// How the blocks of the model are divided into pipeline stages.

@@ -186,7 +186,8 @@ impl Context<'_> {
         losses: &[(u64, f64)],
     ) -> Result<Snapshot> {
         let mesh = format!("{} on {}", self.config.strategy, self.mesh);
-        let extra = checkpoint::extra(&self.fingerprint, losses, optimizer_steps, &mesh);
+        let run = self.config.checkpoint.as_ref().and_then(|c| c.run.as_deref());
+        let extra = checkpoint::extra(&self.fingerprint, losses, optimizer_steps, &mesh, run);
         checkpoint::snapshot(self.model.params(), &self.config.optim, parts, values, step, extra)
     }
 

@@ -149,6 +149,6 @@ pub fn with_checkpoint(
     every: u64,
     resume: bool,
 ) -> TrainConfig {
-    config.checkpoint = Some(CheckpointConfig { path: dir.join(DIR_NAME), every, resume });
+    config.checkpoint = Some(CheckpointConfig { path: dir.join(DIR_NAME), every, resume, run: None });
     config
 }

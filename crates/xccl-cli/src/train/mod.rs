@@ -6,16 +6,20 @@
 //!
 //! The parent owns the terminal. Ranks run this same binary with the hidden `--worker` flag;
 //! rank 0 reports progress as `@xccl-train {json}` lines on its stdout, which the parent
-//! renders; every other line is shown with its rank's prefix.
+//! renders; every other line is shown with its rank's prefix. With `--max-restarts K` the
+//! parent starts the job again when a rank fails, and the ranks resume from the last
+//! checkpoint. Started by another launcher (`xccl run`, torchrun, mpirun, srun), `xccl train`
+//! is one rank of that launcher's job ([`rank`]).
 
-use std::io::{IsTerminal, Write};
+mod rank;
+
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{Value, json};
-use xccl::Communicator;
+use serde_json::Value;
 use xccl_train::checkpoint::DIR_NAME;
 use xccl_train::config::{Balance, PipelineConfig, ZeroConfig};
 use xccl_train::data::{Task, TaskConfig};
@@ -24,7 +28,7 @@ use xccl_train::model::{ModelConfig, ModelKind};
 use xccl_train::optim::OptimConfig;
 use xccl_train::pipeline::schedule::Kind;
 use xccl_train::ps::PsConfig;
-use xccl_train::trainer::{CheckpointConfig, Observer, Strategy, TrainConfig, train};
+use xccl_train::trainer::{CheckpointConfig, Strategy, TrainConfig};
 
 use crate::run::{self, Job, Output, Prefixed};
 
@@ -178,6 +182,10 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
+    /// Start the job again (resuming from its last checkpoint) up to this many times when a
+    /// rank fails, as torchrun's --max-restarts.
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: u32,
     /// Directory for the checkpoint, loss.svg, trace.json and summary.json.
     #[arg(long, default_value = "out/train")]
     pub out: PathBuf,
@@ -283,12 +291,22 @@ impl TrainArgs {
                 path: self.out.join(DIR_NAME),
                 every: self.checkpoint_every,
                 resume: self.resume,
+                run: None,
             }),
             trace: true,
             evaluate: true,
         };
         if self.dp == 0 {
             return Err("--dp must be at least 1".into());
+        }
+        let dir = self.out.join(DIR_NAME);
+        if self.resume && !dir.join(xccl_train::dcp::LATEST).exists() {
+            return Err(format!(
+                "--resume: there is no checkpoint in {}; run once without --resume first (or start \
+                 from a file with `xccl checkpoint import FILE {}`)",
+                dir.display(),
+                dir.display()
+            ));
         }
         config.validate(task.as_ref()).map_err(|e| e.to_string())?;
         config.dp(self.ranks()).map_err(|e| e.to_string())?;
@@ -301,16 +319,14 @@ impl TrainArgs {
     }
 }
 
-/// Runs `xccl train`.
+/// Runs `xccl train`: as one rank when a launcher started it, otherwise as the launcher
+/// of its own ranks.
 pub fn run(args: &TrainArgs) -> ExitCode {
     if args.worker {
-        return match worker(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("xccl train: {e}");
-                ExitCode::from(1)
-            }
-        };
+        return rank::run(args, None);
+    }
+    if let Some(launcher) = rank::launcher() {
+        return rank::run(args, Some(launcher));
     }
     let fail = |msg: String| {
         eprintln!("xccl train: {msg}");
@@ -320,14 +336,6 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    if args.resume && !args.out.join(DIR_NAME).join(xccl_train::dcp::LATEST).exists() {
-        return fail(format!(
-            "--resume: there is no checkpoint in {}; run once without --resume first (or start \
-             from a file with `xccl checkpoint import FILE {}`)",
-            args.out.join(DIR_NAME).display(),
-            args.out.join(DIR_NAME).display()
-        ));
-    }
     if let Err(e) = std::fs::create_dir_all(&args.out) {
         return fail(format!("cannot create --out {}: {e}", args.out.display()));
     }
@@ -346,6 +354,23 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS".to_string(), threads.to_string()));
     }
+    println!("{}", header(args, &config, task.as_ref(), threads));
+    let job = Job { env, max_restarts: args.max_restarts, ..Job::local("xccl train", ranks, command) };
+    let screen = Arc::new(Screen::new(ranks, config.steps));
+    let code = run::launch(&job, screen.clone());
+    screen.bar.finish_and_clear();
+    if code != ExitCode::SUCCESS {
+        return code;
+    }
+    let Some(summary) = screen.state().summary.take() else {
+        return fail("rank 0 ended without a summary".into());
+    };
+    report(args, &config, &summary);
+    ExitCode::SUCCESS
+}
+
+/// The line that opens a run: model, task, mesh, threads per rank, strategy, batch, steps.
+fn header(args: &TrainArgs, config: &TrainConfig, task: &dyn Task, threads: usize) -> String {
     let mut axes = Vec::new();
     if args.pp > 1 {
         axes.push(format!("pp {}", args.pp));
@@ -357,26 +382,22 @@ pub fn run(args: &TrainArgs) -> ExitCode {
         axes.push(format!("tp {}", args.tp) + if args.sp { ", sequence parallel" } else { "" });
     }
     let mesh = if axes.is_empty() { String::new() } else { format!(" ({})", axes.join(" x ")) };
-    println!(
-        "xccl train: {} ({} parameters) on {}, {ranks} ranks{mesh} x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
+    format!(
+        "xccl train: {} ({} parameters) on {}, {} ranks{mesh} x {threads} thread(s), {}; batch {} x {} tokens, {} steps",
         config.model,
         xccl_train::model::Model::new(&config.model, config.seed).map_or(0, |m| m.params().len()),
         task.describe(),
+        args.ranks(),
         config.strategy,
         config.batch,
         task.seq_len(),
         config.steps
-    );
-    let job = Job { env, ..Job::local("xccl train", ranks, command) };
-    let screen = Arc::new(Screen::new(ranks, config.steps));
-    let code = run::launch(&job, screen.clone());
-    screen.bar.finish_and_clear();
-    if code != ExitCode::SUCCESS {
-        return code;
-    }
-    let Some(summary) = screen.state().summary.take() else {
-        return fail("rank 0 ended without a summary".into());
-    };
+    )
+}
+
+/// Prints rank 0's `summary` and writes the loss curve, `summary.json` and the pipeline's
+/// timeline into `--out`, naming every file.
+fn report(args: &TrainArgs, config: &TrainConfig, summary: &Value) {
     print!("{}", summary["text"].as_str().unwrap_or_default());
     let svg = args.out.join("loss.svg");
     let losses: Vec<(u64, f64)> = serde_json::from_value(summary["losses"].clone()).unwrap_or_default();
@@ -399,17 +420,50 @@ pub fn run(args: &TrainArgs) -> ExitCode {
     }
     println!("trace (Perfetto)    {}", args.out.join("trace.json").display());
     println!("checkpoint          {}", args.out.join(DIR_NAME).display());
-    ExitCode::SUCCESS
+}
+
+/// Rank 0's progress in words, as the steps' losses come in.
+struct Progress {
+    steps: u64,
+    tokens_per_step: f64,
+    /// The step training started (or resumed) at.
+    first: u64,
+    /// The next step due a line of its own.
+    next_line: u64,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Progress {
+        Progress { steps, tokens_per_step: 0.0, first: 0, next_line: 0 }
+    }
+
+    /// Training starts (or resumes) at step `first`, with `tokens_per_step` tokens a step.
+    fn start(&mut self, first: u64, tokens_per_step: f64) {
+        (self.first, self.tokens_per_step, self.next_line) = (first, tokens_per_step, 0);
+    }
+
+    /// The message for `step`'s global `loss`, `seconds` into training, and whether the step
+    /// is due a line of its own (the first, about every tenth of the run after it, the last).
+    fn loss(&mut self, step: u64, loss: f64, seconds: f64) -> (String, bool) {
+        let done = (step + 1).saturating_sub(self.first);
+        let rate = if seconds > 0.0 { done as f64 * self.tokens_per_step / seconds } else { 0.0 };
+        let due = step + 1 >= self.next_line || step + 1 == self.steps;
+        if due {
+            self.next_line = step + 1 + (self.steps / 10).max(1);
+        }
+        (format!("loss {loss:.4}  {rate:.0} tokens/s"), due)
+    }
+
+    /// The line of `step`, with its message.
+    fn line(&self, step: u64, msg: &str, seconds: f64) -> String {
+        format!("step {}/{}  {msg}  {seconds:.1} s", step + 1, self.steps)
+    }
 }
 
 /// What rank 0 has reported so far.
-#[derive(Default)]
 struct State {
-    tokens_per_step: f64,
-    first: u64,
+    progress: Progress,
     summary: Option<Value>,
-    /// Without a terminal: the next step at which to print a progress line.
-    next_line: u64,
 }
 
 /// The parent's terminal: a progress bar fed by rank 0, other output above it.
@@ -417,7 +471,6 @@ struct Screen {
     bar: ProgressBar,
     prefix: Prefixed,
     tty: bool,
-    steps: u64,
     state: Mutex<State>,
 }
 
@@ -431,8 +484,7 @@ impl Screen {
             bar,
             prefix: Prefixed::new(world),
             tty: std::io::stderr().is_terminal(),
-            steps,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State { progress: Progress::new(steps), summary: None }),
         }
     }
 
@@ -444,24 +496,21 @@ impl Screen {
         let mut st = self.state();
         match event["event"].as_str() {
             Some("start") => {
-                st.tokens_per_step = event["tokens_per_step"].as_f64().unwrap_or(0.0);
-                st.first = event["first"].as_u64().unwrap_or(0);
-                self.bar.set_position(st.first);
+                let first = event["first"].as_u64().unwrap_or(0);
+                st.progress.start(first, event["tokens_per_step"].as_f64().unwrap_or(0.0));
+                self.bar.set_position(first);
                 self.bar.reset_eta();
             }
             Some("loss") => {
                 let step = event["step"].as_u64().unwrap_or(0);
                 let loss = event["loss"].as_f64().unwrap_or(f64::NAN);
                 let secs = event["seconds"].as_f64().unwrap_or(0.0);
-                let done = (step + 1).saturating_sub(st.first);
-                let rate = if secs > 0.0 { done as f64 * st.tokens_per_step / secs } else { 0.0 };
-                let msg = format!("loss {loss:.4}  {rate:.0} tokens/s");
+                let (msg, due) = st.progress.loss(step, loss, secs);
                 self.bar.set_position(step + 1);
                 if self.tty {
                     self.bar.set_message(msg);
-                } else if step + 1 >= st.next_line || step + 1 == self.steps {
-                    println!("step {}/{}  {msg}  {secs:.1} s", step + 1, self.steps);
-                    st.next_line = step + 1 + (self.steps / 10).max(1);
+                } else if due {
+                    println!("{}", st.progress.line(step, &msg, secs));
                 }
             }
             Some("summary") => st.summary = Some(event.clone()),
@@ -495,44 +544,11 @@ impl Output for Screen {
     }
 }
 
-/// Prints rank 0's progress lines.
-struct Reporter {
-    rank: usize,
-    tokens_per_step: usize,
-}
-
-impl Reporter {
-    fn emit(&self, event: &Value) {
-        if self.rank == 0 {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{TAG}{event}").and_then(|()| out.flush());
-        }
-    }
-}
-
-impl Observer for Reporter {
-    fn start(&mut self, first: u64) {
-        // What building the model and loading the start freed (ZeRO stage 3 frees the whole
-        // model) goes back to the kernel, so the steps' peak memory is theirs.
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the
-        // kernel (under the allocator's locks); no live allocation is touched.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-        self.emit(&json!({"event": "start", "first": first, "tokens_per_step": self.tokens_per_step}));
-    }
-
-    fn loss(&mut self, step: u64, loss: f64, seconds: f64) {
-        self.emit(&json!({"event": "loss", "step": step, "loss": loss, "seconds": seconds}));
-    }
-}
-
 /// Keeps memory the process frees for its next allocations. candle allocates every
 /// tensor afresh; with glibc's defaults, freed blocks above 128 KiB go back to the kernel
 /// (unmapped, or trimmed off the heap's top), so every micro-batch faulted its activations
 /// and gradients in again: a third of a small micro-batch's time went to page faults.
-fn keep_freed_memory() {
+pub(crate) fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets parameters of the allocator (it takes the allocator's own
     // lock); no memory is touched. Blocks up to 32 MiB (glibc's largest threshold) come from
@@ -541,29 +557,6 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
-}
-
-/// One rank of the job.
-fn worker(args: &TrainArgs) -> Result<(), String> {
-    keep_freed_memory();
-    let (task, config) = args.config()?;
-    let world = Communicator::from_env().map_err(|e| e.to_string())?;
-    let mut observer = Reporter { rank: world.rank(), tokens_per_step: config.batch * task.seq_len() };
-    let mut outcome =
-        train(&world, &config, &mut observer).map_err(|e| format!("rank {}: {e}", world.rank()))?;
-    if let Some(trace) = &outcome.trace {
-        let path = args.out.join("trace.json");
-        xccl_train::dcp::write_atomically(&path, trace.to_string().as_bytes()).map_err(|e| e.to_string())?;
-    }
-    if let Some(summary) = &mut outcome.summary {
-        // Model FLOP utilisation against this rank's matrix product on its threads, measured
-        // now that the other ranks are done.
-        summary.matmul_rate = xccl_train::model::flops::matmul_rate(1024, 10).ok();
-        let mut event = summary.to_json();
-        event["event"] = json!("summary");
-        observer.emit(&event);
-    }
-    Ok(())
 }
 
 /// Draws the loss curve as SVG (no font needed), loss on a log scale.
