@@ -1,5 +1,5 @@
 //! The `xccl` command: `train` trains a model with data parallelism on local ranks (the main
-//! job), `run` launches ranks, `bench` measures collectives, `demo` runs and checks every
+//! job; under a launcher, as one of its ranks), `run` launches ranks (and restarts failed jobs), `bench` measures collectives, `demo` runs and checks every
 //! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
 //! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints.
 
@@ -26,9 +26,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Train a model with data parallelism on local ranks (the main job).
+    /// Train a model with data parallelism on local ranks (the main job); started by a
+    /// launcher (xccl run, torchrun, mpirun, srun), one of its ranks.
     Train(Box<train::TrainArgs>),
-    /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`.
+    /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`
+    /// (`--max-restarts K`: start the job again when a rank fails).
     Run(run::RunArgs),
     /// Measure a collective, nccl-tests style (under `xccl run`, or with --local N).
     Bench(bench::BenchArgs),

@@ -11,7 +11,8 @@
 //! ZeRO, every rank its slices ([`crate::zero::layout::ShardLayout::owned_params`]); the
 //! parameter server's servers their shards. Metadata (`extra`): the configuration
 //! fingerprint (a resumed run must have the same one), the loss history, the optimiser's
-//! step count and the mesh that wrote it. A checkpoint made by `xccl checkpoint import`
+//! step count, the mesh that wrote it and, for a job that may be restarted, the job's id
+//! (`run`: a restarted attempt resumes only from its own job's checkpoints). A checkpoint made by `xccl checkpoint import`
 //! has parameters only and no fingerprint: a run starts from it with fresh optimiser
 //! state.
 

@@ -53,11 +53,15 @@ fn restart_count() -> Result<u32, String> {
     Ok(number("XCCL_RESTART_COUNT")?.or(number("TORCHELASTIC_RESTART_COUNT")?).unwrap_or(0))
 }
 
-/// The id of the job, the same in all its attempts (`None`: no launcher gave one).
-fn job_id() -> Option<String> {
-    ["XCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok())
+/// The id of the job, the same in all its attempts, when it may be restarted
+/// (`TORCHELASTIC_MAX_RESTARTS` > 0): its checkpoints carry it, so that a restarted attempt
+/// tells them from an earlier job's. A job that is not restarted leaves it out, and its
+/// checkpoints' bytes are the same from one run to the next.
+fn restartable_job_id() -> Result<Option<String>, String> {
+    if number::<u32>("TORCHELASTIC_MAX_RESTARTS")?.unwrap_or(0) == 0 {
+        return Ok(None);
+    }
+    Ok(["XCCL_JOB_ID", "TORCHELASTIC_RUN_ID"].iter().find_map(|k| std::env::var(k).ok()))
 }
 
 /// The rank and step of [`FAULT_KILL_AT_STEP`], when it is set.
@@ -152,7 +156,7 @@ pub fn run(args: &TrainArgs, external: Option<&'static str>) -> ExitCode {
             ));
         }
         let restart = restart_count()?;
-        let job = job_id();
+        let job = restartable_job_id()?;
         let fingerprint = config.fingerprint(task.as_ref());
         if let Some(c) = &mut config.checkpoint {
             c.resume = resumes(c.resume, &c.path, restart, job.as_deref(), &fingerprint)?;
