@@ -162,16 +162,10 @@ pub fn run(args: &TrainArgs, external: Option<&'static str>) -> ExitCode {
             c.resume = resumes(c.resume, &c.path, restart, job.as_deref(), &fingerprint)?;
             c.run = job;
             if restart > 0 && rv.rank == 0 {
-                let dir = c.path.display();
-                match c.resume {
-                    true => {
-                        println!("xccl train: attempt {}: resuming from the checkpoint in {dir}", restart + 1)
-                    }
-                    false => println!(
-                        "xccl train: attempt {}: no checkpoint of this job in {dir}; starting from scratch",
-                        restart + 1
-                    ),
-                }
+                let start =
+                    if c.resume { "resuming from the checkpoint in" } else { "no checkpoint of this job in" };
+                let tail = if c.resume { "" } else { "; starting from scratch" };
+                println!("xccl train: attempt {}: {start} {}{tail}", restart + 1, c.path.display());
             }
         }
         let kill_at = fault()?.filter(|&(r, _)| restart == 0 && r == rv.rank).map(|(_, s)| s);
