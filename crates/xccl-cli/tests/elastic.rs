@@ -1,8 +1,9 @@
 //! Elastic jobs, with real processes: `xccl run --max-restarts` starts a failed job again
 //! (and never after Ctrl-C), `xccl train` killed mid-run resumes from its checkpoint and
 //! ends bit-identical to an uninterrupted run, under its own launcher, under `xccl run` and
-//! under torchrun, and `xccl train` runs as one rank of any launcher, refusing a mesh that
-//! does not match the launcher's world on every rank.
+//! under torchrun, and `xccl train` runs as one rank of any launcher (`xccl run`, mpirun,
+//! torchrun) with the parameters of its own launch, refusing a mesh that does not match the
+//! launcher's world on every rank.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -291,6 +292,35 @@ fn a_mesh_that_does_not_match_the_launchers_world_is_refused_on_every_rank() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn xccl_train_as_ranks_of_mpirun_equals_xccl_train_launching_itself() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipping: no mpirun on the PATH");
+        return;
+    }
+    let (whole, reference) = uninterrupted("mpirun-whole");
+    let dir = out_dir("mpirun");
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", "2", "-x", "RAYON_NUM_THREADS", "-x", "XCCL_TIMEOUT", XCCL, "train"])
+        .args(TINY)
+        .args(["--dp", "2"])
+        .args(RUN)
+        .arg("--out")
+        .arg(&dir)
+        .env("XCCL_TIMEOUT", "60")
+        .env("RAYON_NUM_THREADS", "1")
+        // Open MPI's switches (other MPIs ignore them): root in containers, more ranks than
+        // cores on small machines.
+        .envs([("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")])
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    let out = ok(&mut cmd);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("final loss"), "{}", text(&out));
+    assert_eq!(params(&dir), reference, "under mpirun, the parameters differ");
+    for d in [whole, dir] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 /// torchrun from one of the virtual environments with PyTorch, if there is one.
