@@ -2,7 +2,8 @@
 //! ranks, which run every form of every collective (the matrix of `common/forms.rs`, every
 //! element type and operator), splits and duplicates, point-to-point messages and the
 //! asynchronous forms on `Communicator::mpi_world`, each checked against the naive
-//! reference. Skipped, saying why, when `mpirun` is not installed.
+//! reference. Skipped, saying why, when `mpirun` is not installed; `MPIRUN` names another
+//! launcher (`mpirun.mpich`).
 
 #![cfg(feature = "mpi")]
 
@@ -25,13 +26,14 @@ fn collectives_under_mpirun() {
         rank_main();
         return;
     }
-    let Ok(version) = Command::new("mpirun").arg("--version").output() else {
-        eprintln!("skipping: mpirun not found (install Open MPI or MPICH, see docs/MPI.md)");
+    let mpirun = std::env::var("MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let Ok(version) = Command::new(&mpirun).arg("--version").output() else {
+        eprintln!("skipping: {mpirun} not found (install Open MPI or MPICH, see docs/MPI.md)");
         return;
     };
     eprintln!("mpirun: {}", String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("?"));
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("mpirun")
+    let out = Command::new(&mpirun)
         .args(["-np", &RANKS.to_string()])
         .arg(&exe)
         .args(["--exact", "collectives_under_mpirun", "--nocapture", "--test-threads", "1"])
@@ -164,7 +166,7 @@ fn order_and_events(world: &Communicator) {
     world.record_timeline(true);
     // Asynchronous operations, then a blocking one: all in issue order.
     let works: Vec<_> =
-        (0..20).map(|k| world.all_reduce_async(vec![k as i32 + r as i32; 64], ReduceOp::Max)).collect();
+        (0..20).map(|k| world.all_reduce_async(vec![k + r as i32; 64], ReduceOp::Max)).collect();
     let ev = world.record_event();
     let mut last = vec![r as u32];
     world.all_reduce(&mut last, ReduceOp::Min).unwrap();

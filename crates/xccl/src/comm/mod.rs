@@ -229,6 +229,15 @@ impl Communicator {
         Ok(Communicator { inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }) })
     }
 
+    /// The state of the native backend (an internal error on another backend).
+    fn native(&self) -> Result<&Native> {
+        match &self.inner.backend {
+            Backend::Native(n) => Ok(n),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(_) => Err(Error::Internal("the native engine of an MPI communicator".into())),
+        }
+    }
+
     /// The name of this communicator's backend: `"native"` (xccl's own engine) or `"mpi"`.
     pub fn backend(&self) -> &'static str {
         match &self.inner.backend {
@@ -267,9 +276,14 @@ impl Communicator {
     /// `XCCL_BACKEND=mpi`, the communicator is [`Communicator::mpi_world`] instead (an
     /// error if this xccl was built without feature `mpi`).
     pub fn from_env() -> Result<Communicator> {
+        Communicator::from_env_with(Config::from_env()?)
+    }
+
+    /// Like [`Communicator::from_env`], with explicit settings.
+    pub fn from_env_with(config: Config) -> Result<Communicator> {
         if wants_mpi()? {
             #[cfg(feature = "mpi")]
-            return Communicator::mpi_world();
+            return Communicator::mpi_world_with(config);
             #[cfg(not(feature = "mpi"))]
             return Err(Error::Config(
                 "XCCL_BACKEND=mpi, but this xccl was built without MPI; rebuild with `--features mpi` \
@@ -277,7 +291,7 @@ impl Communicator {
                     .into(),
             ));
         }
-        Communicator::connect(&Rendezvous::from_env()?, Config::from_env()?)
+        Communicator::connect(&Rendezvous::from_env()?, config)
     }
 
     /// Joins the job described by `rv` over TCP.
@@ -371,16 +385,14 @@ impl Communicator {
     }
 
     fn split_with(&self, color: Option<u32>, key: i32, config: Config) -> Result<Option<Communicator>> {
-        let fabric = match &self.inner.backend {
-            Backend::Native(n) => &n.fabric,
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => {
-                let made = m.split(&self.inner.group, color, key)?;
-                return Ok(made.map(|(comm, group)| Communicator {
-                    inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
-                }));
-            }
-        };
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(m) = &self.inner.backend {
+            let made = m.split(&self.inner.group, color, key)?;
+            return Ok(made.map(|(comm, group)| Communicator {
+                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
+            }));
+        }
+        let fabric = &self.native()?.fabric;
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
         let mut all = vec![0i64; 2 * self.size()];
         let seq =
@@ -528,11 +540,11 @@ impl Communicator {
     /// The plan of a collective: from the cache, or built (algorithm, schedule, checks); on
     /// the MPI backend, the MPI call.
     fn plan<T: Element>(&self, p: PlanArgs) -> Result<Call> {
-        let native = match &self.inner.backend {
-            Backend::Native(n) => n,
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(_) => return mpi::Coll::new(p, T::DTYPE, self.rank(), self.size()).map(Call::Mpi),
-        };
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(_) = &self.inner.backend {
+            return mpi::Coll::new(p, T::DTYPE, self.rank(), self.size()).map(Call::Mpi);
+        }
+        let native = self.native()?;
         let key = PlanKey {
             kind: p.kind,
             dtype: T::DTYPE,

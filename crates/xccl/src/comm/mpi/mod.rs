@@ -374,7 +374,7 @@ impl Coll {
         let send = if in_place { lib.in_place().cast_const() } else { input };
         let root = self.root;
         let wrong = || Error::Internal(format!("{} with an unexpected layout", self.kind));
-        // SAFETY (every call below): `ops.rs` checked the buffers' lengths against the layout
+        // SAFETY: for every call below, `ops.rs` checked the buffers' lengths against the layout
         // (input and output hold what each call reads and writes); the buffers stay valid
         // and untouched until this returns (`SendBufs`); counts and offsets are in range
         // (`count`); `comm` is this communicator's.
