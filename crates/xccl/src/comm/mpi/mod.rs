@@ -37,8 +37,9 @@ use crate::work::{Completion, OpSpan};
 /// One MPI communicator and its worker.
 pub(super) struct MpiComm {
     worker: Worker,
-    /// Splits and duplicates made of this communicator so far (the same on every member).
-    splits: AtomicU64,
+    /// Splits and duplicates made of this communicator so far, counted in issue order (the
+    /// same on every member).
+    splits: Arc<AtomicU64>,
 }
 
 /// `n` as an MPI count (a C `int`), or an error naming `api`.
@@ -103,17 +104,17 @@ impl MpiComm {
             return Err(e);
         }
         let (rank, _) = rank_size(comm)?;
-        Ok(MpiComm { worker: Worker::start(comm, rank)?, splits: AtomicU64::new(0) })
+        Ok(MpiComm { worker: Worker::start(comm, rank)?, splits: Arc::new(AtomicU64::new(0)) })
     }
 
     /// `MPI_Comm_split` of this communicator (whose group is `parent`), after what was issued
     /// on it: ranks with the same `color` form a group ordered by `key`, then by rank here;
     /// `None` for ranks passing no color.
     pub fn split(&self, parent: &Group, color: Option<u32>, key: i32) -> Result<Option<(MpiComm, Group)>> {
-        let nth = self.splits.fetch_add(1, Ordering::Relaxed);
+        let splits = self.splits.clone();
         let (parent_id, members, hosts, cores) =
             (parent.id, parent.members.clone(), parent.hosts.clone(), parent.cores.clone());
-        let made = self.worker.run(
+        let (made, nth) = self.worker.run(
             || "split".into(),
             0,
             move |comm| {
@@ -134,7 +135,7 @@ impl MpiComm {
                 // SAFETY: `comm` is valid; the output pointer is valid.
                 let rc = unsafe { ffi::MPI_Comm_split(comm, index, key, &mut new) };
                 env::check(rc, || format!("MPI_Comm_split(color {mine}, key {key})"))?;
-                Ok(Handle(new))
+                Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
             },
         )?;
         let Some(color) = color else { return Ok(None) };
@@ -146,13 +147,21 @@ impl MpiComm {
             move |comm| {
                 let (rank, size) = rank_size(comm)?;
                 let old: Vec<usize> = all_gather_int(comm, parent_rank)?;
+                // What the parent knew of each member, by its rank there.
+                let pick = |of: &[usize]| -> Result<Vec<usize>> {
+                    old.iter()
+                        .map(|&r| of.get(r).copied())
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| Error::Internal(format!("split: parent ranks {old:?} out of range")))
+                };
+                let id = mix(&[parent_id, nth, u64::from(color)]);
                 Ok(Group {
                     rank,
                     size,
-                    id: mix(&[parent_id, nth, u64::from(color)]),
-                    members: old.iter().map(|&r| members[r]).collect(),
-                    hosts: old.iter().map(|&r| hosts[r]).collect(),
-                    cores: old.iter().map(|&r| cores[r]).collect(),
+                    id,
+                    members: pick(&members)?,
+                    hosts: pick(&hosts)?,
+                    cores: pick(&cores)?,
                 })
             },
         )?;
