@@ -163,6 +163,7 @@ struct PlanKey {
 const PLAN_CACHE: usize = 1024;
 
 /// Who a communicator is.
+#[derive(Clone)]
 struct Group {
     rank: usize,
     size: usize,
@@ -380,6 +381,13 @@ impl Communicator {
     /// with this one's. Collective: every rank of this group must call it, with settings
     /// that agree on what every rank must agree on (the algorithm overrides, say).
     pub fn dup_with(&self, config: Config) -> Result<Communicator> {
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(m) = &self.inner.backend {
+            let (comm, group) = m.dup(&self.inner.group)?;
+            return Ok(Communicator {
+                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
+            });
+        }
         self.split_with(Some(0), 0, config)?
             .ok_or_else(|| Error::Internal("a rank left out of its own duplicate".into()))
     }

@@ -168,6 +168,27 @@ impl MpiComm {
         Ok(Some((child, group)))
     }
 
+    /// `MPI_Comm_dup` of this communicator (whose group is `parent`), after what was issued
+    /// on it: the same members, a communicator of their own.
+    pub fn dup(&self, parent: &Group) -> Result<(MpiComm, Group)> {
+        let splits = self.splits.clone();
+        let (made, nth) = self.worker.run(
+            || "dup".into(),
+            0,
+            move |comm| {
+                // SAFETY: reading an exported constant.
+                let mut new = unsafe { ffi::RSMPI_COMM_NULL };
+                // SAFETY: `comm` is valid; the output pointer is valid.
+                env::check(unsafe { ffi::MPI_Comm_dup(comm, &mut new) }, || "MPI_Comm_dup".into())?;
+                Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
+            },
+        )?;
+        let child = MpiComm::start(made.0)?;
+        // Not a color (those are u32): duplicates and splits never share an id.
+        let id = mix(&[parent.id, nth, 1 << 32]);
+        Ok((child, Group { id, ..parent.clone() }))
+    }
+
     /// Runs a collective on borrowed buffers, returning once it completed.
     pub fn collective(&self, coll: Coll, bufs: Bufs) -> Result<()> {
         let bufs = SendBufs(bufs);
