@@ -10,7 +10,6 @@
 use std::time::Instant;
 
 use xccl::algo::{Algorithm, Shape};
-use xccl::bootstrap::Rendezvous;
 use xccl::schedule::Blocks;
 use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
 
@@ -207,8 +206,18 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
             Ok(())
         }
         None => {
-            let comm = Communicator::connect(&Rendezvous::from_env()?, config.clone())?;
-            let transport = if config.shm { "shm+tcp" } else { "tcp" };
+            // Under a launcher; with XCCL_BACKEND=mpi, on the MPI library.
+            let comm = Communicator::from_env_with(config.clone())?;
+            let transport = match comm.backend() {
+                "native" if config.shm => "shm+tcp",
+                "native" => "tcp",
+                other => other,
+            };
+            if transport == "mpi" && (args.algo.is_some() || args.every_algo) {
+                return Err(xccl::Error::Config(
+                    "--algo and --every-algo choose xccl's algorithms; the MPI backend runs MPI's".into(),
+                ));
+            }
             bench_rank(&comm, args, transport)
         }
     }
@@ -535,6 +544,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
             rows += 1;
             wrong_total += row.wrong;
             let (algo, pred) = match kind {
+                Some(_) if c.backend() != "native" => (c.backend().to_string(), f64::NAN),
                 Some(kind) => {
                     let choice = c.algorithm_for_shape(kind, &shape, args.dtype, args.root)?;
                     let algo = forced_algo.unwrap_or(choice.algo);

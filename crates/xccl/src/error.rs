@@ -101,6 +101,17 @@ pub enum Error {
         /// The underlying error.
         source: Arc<std::io::Error>,
     },
+    /// A call into the MPI library failed (the MPI backend, feature `mpi`): MPI's own
+    /// description of its error code.
+    #[error("{call} failed in the MPI library (error {code}): {detail}")]
+    Mpi {
+        /// The MPI call and what it was doing.
+        call: String,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's description of the code (`MPI_Error_string`).
+        detail: String,
+    },
     /// The communicator failed earlier and can no longer be used; the original error.
     #[error("communicator unusable after an earlier failure: {0}")]
     Aborted(Box<Error>),

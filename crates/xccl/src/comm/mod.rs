@@ -1,5 +1,7 @@
 //! The [`Communicator`]: one group of ranks, its progress stream and how it was built.
 
+#[cfg(feature = "mpi")]
+mod mpi;
 mod ops;
 
 use std::collections::HashMap;
@@ -39,6 +41,11 @@ use crate::work::{Completion, Event, OpSpan, Work};
 /// If an operation fails (a peer died, ranks called different collectives, a deadline
 /// passed) the communicator aborts: its peers are told, and every later operation fails
 /// with the original error. Create a new communicator to continue.
+///
+/// A communicator runs on one of two backends, chosen when it is made and inherited by its
+/// splits and duplicates: xccl's own (the default: algorithms, executor and transports of
+/// this crate) or, with feature `mpi`, the MPI library's ([`Communicator::mpi_world`],
+/// `XCCL_BACKEND=mpi`). The API is the same.
 #[derive(Clone)]
 pub struct Communicator {
     inner: Arc<Inner>,
@@ -107,13 +114,37 @@ impl TcpFabric {
 }
 
 struct Inner {
-    // Dropped first: joins the progress thread, which closes the links.
-    stream: Stream,
+    // Dropped first: joins the progress thread or the MPI worker.
+    backend: Backend,
     group: Group,
     config: Config,
+}
+
+/// What runs a communicator's operations.
+enum Backend {
+    /// xccl's own engine.
+    Native(Native),
+    /// The MPI library's communicator (feature `mpi`).
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiComm),
+}
+
+/// The native backend: the stream, how links are made, the plans.
+struct Native {
+    // Dropped first: joins the progress thread, which closes the links.
+    stream: Stream,
     fabric: Fabric,
     /// Plans of the collectives called so far, so that a repeated call builds nothing.
     plans: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
+}
+
+/// A checked collective, ready for its backend.
+enum Call {
+    /// The native plan.
+    Native(Arc<Plan>),
+    /// The MPI call.
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::Coll),
 }
 
 /// Everything a plan depends on (besides the communicator).
@@ -132,6 +163,7 @@ struct PlanKey {
 const PLAN_CACHE: usize = 1024;
 
 /// Who a communicator is.
+#[derive(Clone)]
 struct Group {
     rank: usize,
     size: usize,
@@ -175,7 +207,45 @@ impl Communicator {
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
         let plans = Mutex::new(FxHashMap::default());
-        Ok(Communicator { inner: Arc::new(Inner { stream, group, config, fabric, plans }) })
+        let backend = Backend::Native(Native { stream, fabric, plans });
+        Ok(Communicator { inner: Arc::new(Inner { backend, group, config }) })
+    }
+
+    /// A communicator of every process of the MPI job this process belongs to (started by
+    /// `mpirun` or `srun`), whose collectives and messages are the MPI library's: a
+    /// duplicate of `MPI_COMM_WORLD`, with the rank and size MPI gives. Initialises MPI with
+    /// `MPI_THREAD_MULTIPLE` on first use (or checks that level, if the program initialised
+    /// MPI itself) and finalises it at process exit. Settings come from the `XCCL_*`
+    /// variables; those of xccl's own engine (algorithms, timeouts, transports) do not apply.
+    /// Collective over the MPI job. See `docs/MPI.md`.
+    #[cfg(feature = "mpi")]
+    pub fn mpi_world() -> Result<Communicator> {
+        Communicator::mpi_world_with(Config::from_env()?)
+    }
+
+    /// Like [`Communicator::mpi_world`], with explicit settings.
+    #[cfg(feature = "mpi")]
+    pub fn mpi_world_with(config: Config) -> Result<Communicator> {
+        let (comm, group) = mpi::MpiComm::world()?;
+        Ok(Communicator { inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }) })
+    }
+
+    /// The state of the native backend (an internal error on another backend).
+    fn native(&self) -> Result<&Native> {
+        match &self.inner.backend {
+            Backend::Native(n) => Ok(n),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(_) => Err(Error::Internal("the native engine of an MPI communicator".into())),
+        }
+    }
+
+    /// The name of this communicator's backend: `"native"` (xccl's own engine) or `"mpi"`.
+    pub fn backend(&self) -> &'static str {
+        match &self.inner.backend {
+            Backend::Native(_) => "native",
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(_) => "mpi",
+        }
     }
 
     /// `n` communicators of one group whose ranks are threads of this process; hand one to
@@ -203,9 +273,26 @@ impl Communicator {
 
     /// Joins the job described by this process's environment: torchrun (`RANK`,
     /// `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Slurm (`SLURM_PROCID`, ...), Open MPI's
-    /// mpirun (`OMPI_COMM_WORLD_RANK`, ...) or `xccl run`; see [`Rendezvous`].
+    /// mpirun (`OMPI_COMM_WORLD_RANK`, ...) or `xccl run`; see [`Rendezvous`]. With
+    /// `XCCL_BACKEND=mpi`, the communicator is [`Communicator::mpi_world`] instead (an
+    /// error if this xccl was built without feature `mpi`).
     pub fn from_env() -> Result<Communicator> {
-        Communicator::connect(&Rendezvous::from_env()?, Config::from_env()?)
+        Communicator::from_env_with(Config::from_env()?)
+    }
+
+    /// Like [`Communicator::from_env`], with explicit settings.
+    pub fn from_env_with(config: Config) -> Result<Communicator> {
+        if wants_mpi()? {
+            #[cfg(feature = "mpi")]
+            return Communicator::mpi_world_with(config);
+            #[cfg(not(feature = "mpi"))]
+            return Err(Error::Config(
+                "XCCL_BACKEND=mpi, but this xccl was built without MPI; rebuild with `--features mpi` \
+                 (see docs/MPI.md), or unset XCCL_BACKEND to use xccl's own transports"
+                    .into(),
+            ));
+        }
+        Communicator::connect(&Rendezvous::from_env()?, config)
     }
 
     /// Joins the job described by `rv` over TCP.
@@ -294,11 +381,26 @@ impl Communicator {
     /// with this one's. Collective: every rank of this group must call it, with settings
     /// that agree on what every rank must agree on (the algorithm overrides, say).
     pub fn dup_with(&self, config: Config) -> Result<Communicator> {
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(m) = &self.inner.backend {
+            let (comm, group) = m.dup(&self.inner.group)?;
+            return Ok(Communicator {
+                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
+            });
+        }
         self.split_with(Some(0), 0, config)?
             .ok_or_else(|| Error::Internal("a rank left out of its own duplicate".into()))
     }
 
     fn split_with(&self, color: Option<u32>, key: i32, config: Config) -> Result<Option<Communicator>> {
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(m) = &self.inner.backend {
+            let made = m.split(&self.inner.group, color, key)?;
+            return Ok(made.map(|(comm, group)| Communicator {
+                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
+            }));
+        }
+        let fabric = &self.native()?.fabric;
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
         let mut all = vec![0i64; 2 * self.size()];
         let seq =
@@ -318,7 +420,7 @@ impl Communicator {
         let members: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.members[r]).collect();
         let hosts: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.hosts[r]).collect();
         let cores: Vec<usize> = group.iter().map(|&(_, r)| self.inner.group.cores[r]).collect();
-        match &self.inner.fabric {
+        match fabric {
             Fabric::Local => {
                 let mesh = local::rendezvous(id, size);
                 let links = mesh.claim(rank)?;
@@ -336,19 +438,31 @@ impl Communicator {
     /// Starts recording when each operation of this communicator ran (or stops, dropping
     /// what was recorded); see [`Communicator::take_timeline`].
     pub fn record_timeline(&self, on: bool) {
-        self.inner.stream.record_timeline(on);
+        match &self.inner.backend {
+            Backend::Native(n) => n.stream.record_timeline(on),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => m.record_timeline(on),
+        }
     }
 
     /// The spans of the operations that finished since recording started or since the last
     /// call, oldest first. Empty when not recording.
     pub fn take_timeline(&self) -> Vec<OpSpan> {
-        self.inner.stream.take_timeline()
+        match &self.inner.backend {
+            Backend::Native(n) => n.stream.take_timeline(),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => m.take_timeline(),
+        }
     }
 
     /// An event that completes when every operation issued before it has completed.
     pub fn record_event(&self) -> Event {
         let done = Arc::new(Completion::default());
-        self.inner.stream.submit_unsequenced(JobOp::Marker, done.clone());
+        match &self.inner.backend {
+            Backend::Native(n) => n.stream.submit_unsequenced(JobOp::Marker, done.clone()),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => m.marker(done.clone()),
+        }
         Event::new(done)
     }
 
@@ -386,14 +500,17 @@ impl Communicator {
         Ok(choice.algo)
     }
 
-    /// The ranks' hosts and the links between them, as the tuner sees them.
+    /// The ranks' hosts and the links between them, as the tuner sees them. On the MPI
+    /// backend: the hosts MPI reports (ranks that share memory), with the link classes of
+    /// xccl's shared memory and TCP as the nearest estimate (MPI's own transports may be
+    /// faster).
     pub fn topology(&self) -> Topology {
         let hosts = self.inner.group.hosts.clone();
         let cores = self.inner.group.cores.clone();
-        let (intra, inter) = match &self.inner.fabric {
-            Fabric::Local => (LinkClass::Local, LinkClass::Local),
-            Fabric::Tcp(_) if self.inner.config.shm => (LinkClass::Shm, LinkClass::Tcp),
-            Fabric::Tcp(_) => (LinkClass::Tcp, LinkClass::Tcp),
+        let (intra, inter) = match &self.inner.backend {
+            Backend::Native(Native { fabric: Fabric::Local, .. }) => (LinkClass::Local, LinkClass::Local),
+            Backend::Native(_) if !self.inner.config.shm => (LinkClass::Tcp, LinkClass::Tcp),
+            _ => (LinkClass::Shm, LinkClass::Tcp),
         };
         Topology { hosts, cores, intra, inter }
     }
@@ -406,6 +523,9 @@ impl Communicator {
 
     /// Like [`algorithm_for`](Self::algorithm_for), for any data layout: the blocks of an
     /// uneven call (`Shape::Scatter` for [`reduce_scatter_v`](Self::reduce_scatter_v), say).
+    ///
+    /// On the MPI backend MPI chooses its own algorithms: this is a
+    /// [`Config`](Error::Config) error saying so (see [`backend`](Self::backend)).
     pub fn algorithm_for_shape(
         &self,
         kind: CollKind,
@@ -413,14 +533,26 @@ impl Communicator {
         dtype: DType,
         root: usize,
     ) -> Result<Choice> {
+        if self.backend() != "native" {
+            return Err(Error::Config(format!(
+                "this communicator's {kind} runs on the {} backend, which chooses its own algorithms",
+                self.backend()
+            )));
+        }
         if let Some(algo) = self.inner.config.algos.get(kind) {
             return Ok(Choice { algo, ranking: vec![(algo, f64::NAN)] });
         }
         tune::rank(&self.inner.config.costs, &self.topology(), kind, root, shape, dtype.size())
     }
 
-    /// The plan of a collective: from the cache, or built (algorithm, schedule, checks).
-    fn plan<T: Element>(&self, p: PlanArgs) -> Result<Arc<Plan>> {
+    /// The plan of a collective: from the cache, or built (algorithm, schedule, checks); on
+    /// the MPI backend, the MPI call.
+    fn plan<T: Element>(&self, p: PlanArgs) -> Result<Call> {
+        #[cfg(feature = "mpi")]
+        if let Backend::Mpi(_) = &self.inner.backend {
+            return mpi::Coll::new(p, T::DTYPE, self.rank(), self.size()).map(Call::Mpi);
+        }
+        let native = self.native()?;
         let key = PlanKey {
             kind: p.kind,
             dtype: T::DTYPE,
@@ -430,9 +562,9 @@ impl Communicator {
             shape: p.shape,
             elems: p.elems,
         };
-        let mut plans = self.inner.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut plans = native.plans.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(plan) = plans.get(&key) {
-            return Ok(plan.clone());
+            return Ok(Call::Native(plan.clone()));
         }
         let algo = self.choose::<T>(&key)?;
         let program = algo::build(
@@ -464,34 +596,49 @@ impl Communicator {
             plans.clear();
         }
         plans.insert(key, plan.clone());
-        Ok(plan)
+        Ok(Call::Native(plan))
     }
 
-    /// Runs a collective on borrowed buffers; returns its sequence number.
-    fn block_seq(&self, plan: Result<Arc<Plan>>, bufs: Bufs) -> Result<u64> {
-        let plan = plan?;
-        // `run` returns after the operation completed: the buffers behind `bufs` stay
-        // borrowed until then.
-        let (seq, result) = self.inner.stream.run(|seq| JobOp::Coll { plan, seq, bufs });
-        result.map(|()| seq)
+    /// Runs a collective on borrowed buffers; returns its sequence number (0 on the MPI
+    /// backend, whose operations have none).
+    fn block_seq(&self, call: Result<Call>, bufs: Bufs) -> Result<u64> {
+        // Both backends return after the operation completed: the buffers behind `bufs`
+        // stay borrowed until then.
+        match (call?, &self.inner.backend) {
+            (Call::Native(plan), Backend::Native(n)) => {
+                let (seq, result) = n.stream.run(|seq| JobOp::Coll { plan, seq, bufs });
+                result.map(|()| seq)
+            }
+            #[cfg(feature = "mpi")]
+            (Call::Mpi(coll), Backend::Mpi(m)) => m.collective(coll, bufs).map(|()| 0),
+            #[cfg(feature = "mpi")]
+            _ => Err(Error::Internal("a collective planned for another backend".into())),
+        }
     }
 
-    fn block(&self, plan: Result<Arc<Plan>>, bufs: Bufs) -> Result<()> {
-        self.block_seq(plan, bufs).map(|_| ())
+    fn block(&self, call: Result<Call>, bufs: Bufs) -> Result<()> {
+        self.block_seq(call, bufs).map(|_| ())
     }
 
     /// Runs a collective on buffers owned by `keep`, which `bufs` points into.
-    fn spawn<K: Send + 'static>(&self, plan: Result<Arc<Plan>>, bufs: Bufs, keep: K) -> Work<K> {
-        match plan {
-            Err(e) => Work::new(Completion::finished(Err(e))),
-            Ok(plan) => {
-                let done = Arc::new(Completion::default());
-                // Park the buffers first: moving them does not move their heap memory.
-                done.keep(Box::new(keep));
-                self.inner.stream.submit(|seq| JobOp::Coll { plan, seq, bufs }, done.clone());
-                Work::new(done)
+    fn spawn<K: Send + 'static>(&self, call: Result<Call>, bufs: Bufs, keep: K) -> Work<K> {
+        let call = match call {
+            Err(e) => return Work::new(Completion::finished(Err(e))),
+            Ok(call) => call,
+        };
+        let done = Arc::new(Completion::default());
+        // Park the buffers first: moving them does not move their heap memory.
+        done.keep(Box::new(keep));
+        match (call, &self.inner.backend) {
+            (Call::Native(plan), Backend::Native(n)) => {
+                n.stream.submit(|seq| JobOp::Coll { plan, seq, bufs }, done.clone());
             }
+            #[cfg(feature = "mpi")]
+            (Call::Mpi(coll), Backend::Mpi(m)) => m.spawn(coll, bufs, done.clone()),
+            #[cfg(feature = "mpi")]
+            _ => done.finish(Err(Error::Internal("a collective planned for another backend".into()))),
         }
+        Work::new(done)
     }
 
     fn p2p_check(&self, api: &'static str, peer: usize) -> Result<()> {
@@ -507,7 +654,20 @@ impl Communicator {
 
     /// Runs one point-to-point message on borrowed memory, returning once it completed.
     fn p2p_block(&self, msg: P2p) -> Result<()> {
-        self.inner.stream.run_unsequenced(JobOp::P2p { msg })
+        match &self.inner.backend {
+            Backend::Native(n) => n.stream.run_unsequenced(JobOp::P2p { msg }),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => m.p2p(msg),
+        }
+    }
+
+    /// Queues one point-to-point message on memory parked in `done`; its outcome goes there.
+    fn p2p_submit(&self, msg: P2p, done: Arc<Completion>) {
+        match &self.inner.backend {
+            Backend::Native(n) => n.stream.submit_unsequenced(JobOp::P2p { msg }, done),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => m.submit_p2p(msg, done),
+        }
     }
 }
 
@@ -541,6 +701,18 @@ impl Bufs {
             output: output.as_mut_ptr().cast(),
             output_len: std::mem::size_of_val(output),
         }
+    }
+}
+
+/// Whether `XCCL_BACKEND` asks for the MPI backend (`mpi`) rather than xccl's own
+/// (`native`, the default).
+fn wants_mpi() -> Result<bool> {
+    match std::env::var("XCCL_BACKEND").ok().as_deref().map(str::trim) {
+        None | Some("" | "native") => Ok(false),
+        Some("mpi") => Ok(true),
+        Some(other) => Err(Error::Config(format!(
+            "XCCL_BACKEND='{other}' is not a backend: use 'native' (xccl's own transports, the default) or 'mpi'"
+        ))),
     }
 }
 

@@ -17,7 +17,8 @@ use crate::reduce::ReduceOp;
 use crate::schedule::Blocks;
 use crate::work::{Completion, Work};
 
-type Plan = Result<std::sync::Arc<crate::exec::Plan>>;
+/// A checked collective, ready for the communicator's backend.
+type Plan = Result<super::Call>;
 
 fn expect(api: &'static str, what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
@@ -282,7 +283,7 @@ impl Communicator {
         let msg: P2p = p2p(send, peer, tag, buf.as_mut_ptr(), buf.len());
         let done = Arc::new(Completion::default());
         done.keep(Box::new(buf));
-        self.inner.stream.submit_unsequenced(crate::stream::JobOp::P2p { msg }, done.clone());
+        self.p2p_submit(msg, done.clone());
         Work::new(done)
     }
 

@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests: exact test values per element type, a naive
 //! reference, and running one closure per rank.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports, unused_macros)]
+
+pub mod forms;
 
 use std::time::Duration;
 
