@@ -336,6 +336,9 @@ impl Setup<'_> {
                 ("MASTER_ADDR", args.master_addr.clone()),
                 ("MASTER_PORT", port.clone()),
                 ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                // The store speaks PyTorch's protocol too: PyTorch programs join it as
+                // clients (`init_process_group` with env://) instead of serving their own.
+                ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
                 ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
                 ("XCCL_RANK", rank.to_string()),
                 ("XCCL_WORLD_SIZE", world.to_string()),

@@ -26,6 +26,7 @@ fn on_hosts<R: Send>(hosts: &[&str], config: Config, f: impl Fn(&Communicator) -
                     local_rank: r,
                     store: addr.clone(),
                     serve_store: false,
+                    c10d_prefix: None,
                     auth: auth.clone(),
                     timeout: Duration::from_secs(20),
                     host: hosts[r].to_string(),

@@ -17,6 +17,7 @@ fn rendezvous(rank: usize, size: usize, store: &str, auth: &Auth) -> Rendezvous 
         local_rank: rank,
         store: store.to_string(),
         serve_store: false,
+        c10d_prefix: None,
         auth: auth.clone(),
         timeout: Duration::from_secs(20),
         host: format!("host-of-rank-{rank}"),

@@ -21,6 +21,9 @@ pub struct Rendezvous {
     pub store: String,
     /// Whether rank 0 serves the store itself (no launcher does).
     pub serve_store: bool,
+    /// The store speaks PyTorch's protocol (torchrun's agent store): the prefix of the
+    /// job's keys in it. `None`: the store is ours.
+    pub c10d_prefix: Option<String>,
     /// The job's id and secret.
     pub auth: Auth,
     /// How long to wait for the other ranks to appear.
@@ -112,9 +115,19 @@ impl Rendezvous {
             ],
         )?
         .unwrap_or(0);
-        let job =
+        let mut job =
             first(lookup, &["XCCL_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"])
                 .map(|(_, v)| v);
+        // torchrun's agent serves a store of its own and keeps it across restarts: every
+        // rank joins it, and an attempt's keys (and links) are its own.
+        let agent_store = launcher == "torchrun"
+            && lookup("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let c10d_prefix = agent_store.then(|| {
+            let run = lookup("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into());
+            let attempt = lookup("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
+            job = Some(format!("{run}-attempt{attempt}"));
+            format!("xccl/{run}/{attempt}/")
+        });
 
         let all_local = number(lookup, &["OMPI_COMM_WORLD_LOCAL_SIZE"])?.is_some_and(|l| l == size);
         let (store, serve_store) = match lookup("XCCL_STORE_ADDR") {
@@ -140,7 +153,7 @@ impl Rendezvous {
                         .map_err(|_| Error::Config(format!("MASTER_PORT={p} is not a port")))?,
                     None => job.as_deref().map_or(29500, port_for),
                 };
-                (format!("{host}:{port}"), true)
+                (format!("{host}:{port}"), c10d_prefix.is_none())
             }
         };
         let job = job.unwrap_or_else(|| format!("static-{store}"));
@@ -153,6 +166,7 @@ impl Rendezvous {
             local_rank,
             store,
             serve_store,
+            c10d_prefix,
             auth: Auth::new(job, secret.into_bytes())?,
             timeout,
             host,
@@ -185,6 +199,31 @@ mod tests {
         assert_eq!(r.store, "10.0.0.5:29400");
         assert!(r.serve_store);
         assert_eq!(r.launcher, "torchrun");
+    }
+
+    #[test]
+    fn torchrun_agent_store_is_joined_under_a_prefix_of_the_attempt() {
+        let vars = |attempt: &'static str| {
+            env(&[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "3"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29400"),
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("TORCHELASTIC_RUN_ID", "r7"),
+                ("TORCHELASTIC_RESTART_COUNT", attempt),
+            ])
+            .unwrap()
+        };
+        let (a, b) = (vars("0"), vars("1"));
+        assert!(!a.serve_store, "rank 0 must not serve: the agent does");
+        assert_eq!(a.store, "127.0.0.1:29400");
+        assert_eq!(a.c10d_prefix.as_deref(), Some("xccl/r7/0/"));
+        assert_eq!(b.c10d_prefix.as_deref(), Some("xccl/r7/1/"));
+        assert_ne!(a.auth.job(), b.auth.job(), "a restarted attempt never links with the previous one");
+        let own =
+            env(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("TORCHELASTIC_USE_AGENT_STORE", "False")]).unwrap();
+        assert!(own.serve_store && own.c10d_prefix.is_none());
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! blocks on the server until the key is set or the client's deadline passes. Keys and
 //! values have size limits, so a misbehaving client cannot make the server allocate without
 //! bound.
+//!
+//! The server also answers PyTorch's `TCPStore` protocol on the same port and the same keys
+//! (see [`c10d`](super::c10d)): the first byte of a connection tells which it speaks.
+//! Counters (`add`) are kept as decimal text, as PyTorch keeps them, so both kinds of client
+//! can count on one key.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -15,10 +20,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Purpose};
+use super::c10d;
 use crate::error::{Error, Result};
 
-const MAX_KEY: usize = 4096;
-const MAX_VALUE: usize = 16 << 20;
+/// Longest key, in bytes.
+pub(crate) const MAX_KEY: usize = 4096;
+/// Largest value, in bytes.
+pub(crate) const MAX_VALUE: usize = 16 << 20;
 const SET: u8 = 1;
 const GET: u8 = 2;
 const ADD: u8 = 3;
@@ -28,13 +36,50 @@ const BAD: u8 = 2;
 /// How long the server gives a client to finish the handshake.
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
 
+/// The keys of a store and what its clients wait on.
 #[derive(Default)]
-struct Data {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    cv: Condvar,
+pub(crate) struct Data {
+    pub(crate) map: Mutex<HashMap<String, Vec<u8>>>,
+    /// Notified whenever keys change.
+    pub(crate) cv: Condvar,
     /// The last refused handshakes, reported to clients whose `get` times out: the usual
     /// reason a rank never shows up is that it was refused.
     refusals: Mutex<Vec<String>>,
+}
+
+impl Data {
+    /// Changes the keys with `f` and wakes every waiter.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut HashMap<String, Vec<u8>>) -> R) -> R {
+        let r = f(&mut self.map.lock().unwrap_or_else(PoisonError::into_inner));
+        self.cv.notify_all();
+        r
+    }
+
+    /// Adds `delta` to the counter `key` (decimal text; 0 if unset or not a number).
+    pub(crate) fn add(&self, key: String, delta: i64) -> i64 {
+        self.update(|map| {
+            let cur = map
+                .get(&key)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|t| t.parse::<i64>().ok())
+                .unwrap_or(0);
+            let new = cur.wrapping_add(delta);
+            map.insert(key, new.to_string().into_bytes());
+            new
+        })
+    }
+}
+
+/// A key-value store that ranks meet through: ours ([`StoreClient`]), PyTorch's
+/// ([`C10dClient`](super::C10dClient)), or one a program provides (the Python package
+/// hands PyTorch's store of a process group).
+pub trait KeyValue: Send {
+    /// Sets `key` to `value`.
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<()>;
+    /// Waits until `key` is set (within the store's timeout) and returns its value.
+    fn get(&mut self, key: &str) -> Result<Vec<u8>>;
+    /// Adds `delta` to the counter `key` (0 if unset); returns the new value.
+    fn add(&mut self, key: &str, delta: i64) -> Result<i64>;
 }
 
 /// Refusals remembered.
@@ -66,6 +111,12 @@ impl StoreServer {
                     let (data, auth) = (data.clone(), auth.clone());
                     let _ = std::thread::Builder::new().name("xccl-store-client".into()).spawn(move || {
                         let peer = s.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+                        if speaks_c10d(&s) {
+                            if let Err(e) = c10d::serve(s, &data) {
+                                tracing::warn!("store: PyTorch client {peer}: {e}; dropped");
+                            }
+                            return;
+                        }
                         match auth::server(&mut s, &auth, &peer, HANDSHAKE_PATIENCE) {
                             Ok(Purpose::Store) => serve(s, &data),
                             Ok(other) => {
@@ -102,6 +153,15 @@ impl Drop for StoreServer {
             let _ = t.join();
         }
     }
+}
+
+/// Whether a new connection opens with PyTorch's `VALIDATE` (ours opens with `XCCLHELO`),
+/// and the protocol is served.
+fn speaks_c10d(s: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    let peeked = s.set_read_timeout(Some(HANDSHAKE_PATIENCE)).and_then(|()| s.peek(&mut first));
+    let _ = s.set_read_timeout(None);
+    matches!(peeked, Ok(1)) && first[0] == 0 && c10d::enabled()
 }
 
 fn read_u64(s: &mut TcpStream) -> std::io::Result<u64> {
@@ -143,18 +203,16 @@ fn serve(mut s: TcpStream, data: &Data) {
                 return Ok(false);
             };
             let key = String::from_utf8_lossy(&key).into_owned();
-            let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
             match op[0] {
                 SET => {
-                    map.insert(key, value);
-                    data.cv.notify_all();
-                    drop(map);
+                    data.update(|map| map.insert(key, value));
                     reply(&mut s, OK, &[])?;
                 }
                 GET => {
                     let wait =
                         value.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
                     let deadline = Instant::now() + Duration::from_millis(wait);
+                    let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
                     loop {
                         if let Some(v) = map.get(&key) {
                             let v = v.clone();
@@ -176,18 +234,10 @@ fn serve(mut s: TcpStream, data: &Data) {
                 ADD => {
                     let delta =
                         value.get(..8).map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                    let cur = map
-                        .get(&key)
-                        .and_then(|v| v.get(..8))
-                        .map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                    let new = cur.wrapping_add(delta);
-                    map.insert(key, new.to_le_bytes().to_vec());
-                    data.cv.notify_all();
-                    drop(map);
+                    let new = data.add(key, delta);
                     reply(&mut s, OK, &new.to_le_bytes())?;
                 }
                 _ => {
-                    drop(map);
                     reply(&mut s, BAD, b"unknown request")?;
                     return Ok(false);
                 }
@@ -198,6 +248,18 @@ fn serve(mut s: TcpStream, data: &Data) {
             let _ = s.shutdown(Shutdown::Both);
             return;
         }
+    }
+}
+
+impl KeyValue for StoreClient {
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        StoreClient::set(self, key, value)
+    }
+    fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        StoreClient::get(self, key)
+    }
+    fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        StoreClient::add(self, key, delta)
     }
 }
 

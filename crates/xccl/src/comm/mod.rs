@@ -5,7 +5,7 @@ mod mpi;
 mod ops;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -15,7 +15,7 @@ use crate::algo::tune::{self, Choice, LinkClass, Topology};
 use crate::algo::{self, Algorithm, Shape};
 use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
-use crate::bootstrap::{Auth, Rendezvous, StoreClient, StoreServer};
+use crate::bootstrap::{Auth, C10dClient, KeyValue, Rendezvous, StoreClient, StoreServer};
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -306,9 +306,45 @@ impl Communicator {
             *n += 1;
             *n - 1
         };
-        let store = if rv.serve_store && rv.rank == 0 { Some(serve_store(rv)?) } else { None };
-        let mut client = StoreClient::connect(&rv.store, &rv.auth, rv.timeout)?;
-        let acceptor = Acceptor::start(client.local_addr()?.ip(), rv.auth.clone())?;
+        let served = if rv.serve_store && rv.rank == 0 { Some(serve_store(rv)?) } else { None };
+        let (mut store, ip): (Box<dyn KeyValue>, IpAddr) = match &rv.c10d_prefix {
+            Some(prefix) => {
+                let c = C10dClient::connect(&rv.store, prefix, rv.timeout)?;
+                let ip = c.local_addr()?.ip();
+                (Box::new(c), ip)
+            }
+            None => {
+                let c = StoreClient::connect(&rv.store, &rv.auth, rv.timeout)?;
+                let ip = c.local_addr()?.ip();
+                (Box::new(c), ip)
+            }
+        };
+        Communicator::connect_via(rv, store.as_mut(), generation, ip, served, config)
+    }
+
+    /// Joins the job described by `rv` (its rank, size, job and host; its `store` address
+    /// unused) through `store`, listening for peers on `ip` (an address of this host the
+    /// others reach). For programs that bring their own store: the Python package meets
+    /// through the store PyTorch hands to each process group. Every rank of the group
+    /// passes the same job id in `rv.auth`, which no other group of the store uses.
+    pub fn connect_with_store(
+        rv: &Rendezvous,
+        store: &mut dyn KeyValue,
+        ip: IpAddr,
+        config: Config,
+    ) -> Result<Communicator> {
+        Communicator::connect_via(rv, store, 0, ip, None, config)
+    }
+
+    fn connect_via(
+        rv: &Rendezvous,
+        client: &mut dyn KeyValue,
+        generation: u64,
+        ip: IpAddr,
+        served: Option<StoreServer>,
+        config: Config,
+    ) -> Result<Communicator> {
+        let acceptor = Acceptor::start(ip, rv.auth.clone())?;
         let prefix = format!("world{generation}");
         let me =
             format!("{} {} {} {} {}", acceptor.addr(), rv.size, std::process::id(), host::cores(), rv.host);
@@ -341,7 +377,7 @@ impl Communicator {
             keys.push(key.to_string());
         }
         let id = mix(&[hash_str(rv.auth.job()), generation, rv.size as u64]);
-        let fabric = TcpFabric { acceptor, addrs, pids, auth: rv.auth.clone(), _store: store };
+        let fabric = TcpFabric { acceptor, addrs, pids, auth: rv.auth.clone(), _store: served };
         let hosts = host::host_indices(&keys);
         let members: Vec<usize> = (0..rv.size).collect();
         let links = fabric.links(id, rv.rank, &members, &hosts, &config)?;
@@ -760,6 +796,7 @@ mod tests {
             local_rank: 0,
             store: addr.clone(),
             serve_store: false,
+            c10d_prefix: None,
             auth: auth.clone(),
             timeout: Duration::from_secs(10),
             host: "test-host".into(),
