@@ -4,11 +4,13 @@
 //! Releasing a buffer export needs the GIL, so exports are only ever released on Python
 //! threads: by `wait` or `is_completed` once the operation has completed, when the `Work` is
 //! dropped after that, or, for a `Work` dropped before its operation completed, by whichever
-//! asynchronous call next finds it completed (the exports wait in a list until then). xccl's progress thread never touches a Python
-//! object, so it never waits for the GIL.
+//! asynchronous call next finds it completed (the exports wait in a list until then).
+//! xccl's progress thread never touches a Python object, so it never waits for the GIL.
+//!
+//! A `Work` may be used from several Python threads at once (one waits, another polls).
 
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -60,8 +62,29 @@ pub(crate) fn sweep_orphans() {
 
 enum State {
     Running(Box<dyn Pending>),
+    /// A thread is waiting for the operation (without the GIL); it records the outcome.
+    Waiting,
     /// The outcome, known; a failure is raised by every `wait`.
     Done(xccl::Result<()>),
+}
+
+struct Slot {
+    state: State,
+    /// The exports the operation uses, released once the program has seen it complete.
+    held: Vec<Held>,
+}
+
+impl Slot {
+    /// Records the outcome if the operation has completed; whether the outcome is known.
+    fn collect(&mut self) -> bool {
+        if matches!(&self.state, State::Running(p) if p.is_completed()) {
+            if let State::Running(p) = std::mem::replace(&mut self.state, State::Waiting) {
+                // Completed: returns at once.
+                self.state = State::Done(p.finish());
+            }
+        }
+        matches!(self.state, State::Done(_))
+    }
 }
 
 /// The handle on an asynchronous operation (returned by the `*_async` methods, `isend` and
@@ -69,10 +92,11 @@ enum State {
 /// the program must not read or write them before `wait` returned True (or `is_completed`).
 /// Dropping a Work does not cancel the operation (every rank takes part in it): its
 /// buffers stay borrowed until it completes.
-#[pyclass(name = "Work", module = "xccl")]
+#[pyclass(name = "Work", module = "xccl", frozen)]
 pub struct Work {
-    state: State,
-    held: Vec<Held>,
+    slot: Mutex<Slot>,
+    /// Signalled when a waiting thread recorded the outcome (or gave up waiting).
+    cv: Condvar,
 }
 
 impl Work {
@@ -80,32 +104,38 @@ impl Work {
     /// failed on its arguments raises now instead.
     pub(crate) fn start(py: Python<'_>, pending: Box<dyn Pending>, held: Vec<Held>) -> PyResult<Work> {
         sweep_orphans();
-        let mut w = Work { state: State::Running(pending), held };
-        if w.is_running_done() {
-            // Collected now to raise argument errors at the call; the buffers stay held until
-            // the program asks (`wait`, `is_completed`), as for any operation.
-            w.settle(|p| p.finish());
+        let mut slot = Slot { state: State::Running(pending), held };
+        // Collected now to raise argument errors at the call; the buffers stay held until
+        // the program sees the operation complete, as for any operation.
+        if slot.collect() {
             if let State::Done(Err(e @ (xccl::Error::InvalidArgument { .. } | xccl::Error::Config(_)))) =
-                &w.state
+                &slot.state
             {
                 return Err(to_py(py, e));
             }
         }
-        Ok(w)
+        Ok(Work { slot: Mutex::new(slot), cv: Condvar::new() })
     }
 
-    /// Whether the operation is done but its outcome not collected yet.
-    fn is_running_done(&self) -> bool {
-        matches!(&self.state, State::Running(p) if p.is_completed())
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Replaces a running state by its outcome, computed by `outcome`.
-    fn settle(&mut self, outcome: impl FnOnce(Box<dyn Pending>) -> xccl::Result<()>) {
-        let state = std::mem::replace(&mut self.state, State::Done(Ok(())));
-        self.state = match state {
-            State::Running(p) => State::Done(outcome(p)),
-            done => done,
+    /// Releases the exports, the operation being done (outside the lock: releasing one
+    /// may run Python code).
+    fn release(&self) {
+        let held = std::mem::take(&mut self.lock().held);
+        drop(held);
+    }
+
+    /// The outcome, known: releases the exports and raises a failure.
+    fn outcome(&self, py: Python<'_>) -> PyResult<bool> {
+        self.release();
+        let failed = match &self.lock().state {
+            State::Done(Err(e)) => Some(e.clone()),
+            _ => None,
         };
+        failed.map_or(Ok(true), |e| Err(to_py(py, &e)))
     }
 }
 
@@ -116,41 +146,67 @@ impl Work {
     /// again) and False if the timeout passed first; raises the operation's error (an
     /// XcclError) if it failed.
     #[pyo3(signature = (timeout=None))]
-    fn wait(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        if let State::Running(p) = &self.state {
-            if let Some(t) = timeout {
-                let t = Duration::try_from_secs_f64(t.max(0.0)).map_err(|_| {
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = timeout
+            .map(|t| {
+                Duration::try_from_secs_f64(t.max(0.0)).map_err(|_| {
                     crate::error::invalid(py, "Work.wait", format!("timeout {t} is not a number of seconds"))
-                })?;
-                if !py.detach(|| p.wait_for(t)) {
+                })
+            })
+            .transpose()?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let left = || deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+        loop {
+            let taken = {
+                let mut s = self.lock();
+                match std::mem::replace(&mut s.state, State::Waiting) {
+                    State::Running(p) => Some(p),
+                    other => {
+                        s.state = other;
+                        None
+                    }
+                }
+            };
+            let Some(p) = taken else {
+                // Known, or another thread is collecting it: wait for that thread.
+                let known = py.detach(|| {
+                    let s = self.lock();
+                    let wait = self.cv.wait_timeout_while(s, left(), |s| matches!(s.state, State::Waiting));
+                    let (s, _) = wait.unwrap_or_else(PoisonError::into_inner);
+                    !matches!(s.state, State::Waiting)
+                });
+                if !known {
                     return Ok(false);
                 }
-            }
-            self.settle(|p| py.detach(move || p.finish()));
-        }
-        self.held.clear();
-        match &self.state {
-            State::Done(Err(e)) => Err(to_py(py, e)),
-            _ => Ok(true),
+                if matches!(self.lock().state, State::Done(_)) {
+                    return self.outcome(py);
+                }
+                // The other thread gave up (its timeout passed) before the operation
+                // completed: wait here.
+                continue;
+            };
+            let (state, completed) = py.detach(move || {
+                if p.wait_for(left()) { (State::Done(p.finish()), true) } else { (State::Running(p), false) }
+            });
+            self.lock().state = state;
+            self.cv.notify_all();
+            return if completed { self.outcome(py) } else { Ok(false) };
         }
     }
 
     /// Whether the operation has completed (successfully or not); does not block. Once it
     /// has, the buffers are the caller's again.
-    fn is_completed(&mut self) -> bool {
-        if self.is_running_done() {
-            self.settle(|p| p.finish());
-        }
-        let done = matches!(self.state, State::Done(_));
+    fn is_completed(&self) -> bool {
+        let done = self.lock().collect();
         if done {
-            self.held.clear();
+            self.release();
         }
         done
     }
 
     fn __repr__(&self) -> &'static str {
-        match &self.state {
-            State::Running(_) => "<xccl.Work running>",
+        match &self.lock().state {
+            State::Running(_) | State::Waiting => "<xccl.Work running>",
             State::Done(Ok(())) => "<xccl.Work done>",
             State::Done(Err(_)) => "<xccl.Work failed>",
         }
@@ -159,10 +215,10 @@ impl Work {
 
 impl Drop for Work {
     fn drop(&mut self) {
-        let state = std::mem::replace(&mut self.state, State::Done(Ok(())));
-        if let State::Running(p) = state {
+        let s = self.slot.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let State::Running(p) = std::mem::replace(&mut s.state, State::Done(Ok(()))) {
             if !p.is_completed() {
-                let held = std::mem::take(&mut self.held);
+                let held = std::mem::take(&mut s.held);
                 ORPHANS.lock().unwrap_or_else(PoisonError::into_inner).push((p, held));
             }
         }

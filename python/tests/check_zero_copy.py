@@ -94,6 +94,28 @@ def main(comm):
     assert gone() is None, "an orphaned operation's buffer was never released"
     say("a dropped Work keeps its buffer until the operation completed")
 
+    # One thread waits on a Work while another polls it, and a third waits with a timeout.
+    q = np.ones(1 << 16, dtype=np.float32)
+    side = comm.dup()  # says when rank 1 may join (its operations never mix with comm's)
+    if r == 0:
+        w = comm.all_reduce_async(q)
+        waited = []
+        waiters = [threading.Thread(target=lambda: waited.append(w.wait())),
+                   threading.Thread(target=lambda: waited.append(w.wait(timeout=60)))]
+        for t in waiters:
+            t.start()
+        assert w.wait(timeout=0.01) is False and not w.is_completed()
+        side.barrier()  # rank 1 joins the all-reduce now
+        while not w.is_completed():
+            time.sleep(0.001)
+        for t in waiters:
+            t.join()
+        assert waited == [True, True] and w.wait() is True and (q == n).all(), waited
+    else:
+        side.barrier()
+        comm.all_reduce(q)
+    say("a Work can be waited on and polled from several threads")
+
     # The input of reduce may be its output (in place); other overlaps are copied first.
     v = np.full(8, r + 1, dtype=np.int64)
     comm.reduce(v, v, 0)

@@ -196,6 +196,7 @@ fn buffers_are_used_in_place_and_held_until_done() {
         "ok the buffer lives as long as its operation, not longer",
         "ok an exported bytearray cannot be resized",
         "ok a dropped Work keeps its buffer until the operation completed",
+        "ok a Work can be waited on and polled from several threads",
         "ok in-place reduce and all_gather into the output's own block",
     ] {
         expect_ok(&result, 2, needle);
