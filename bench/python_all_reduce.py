@@ -3,8 +3,9 @@ large one, to compare with `xccl bench all_reduce` (the same collective from Rus
 
     xccl run -n 2 -- python bench/python_all_reduce.py [--small 8] [--large 64M] [--iters 2000]
 
-Rank 0 prints, per size, the median time of one call and the bus bandwidth
-(2 (n-1)/n x bytes / time, as nccl-tests and `xccl bench` report it).
+Rank 0 prints, per size, the median time of one call started together on every rank
+(after a barrier), the mean time of calls back to back (as `xccl bench` measures), and the
+bus bandwidth of each (2 (n-1)/n x bytes / time, as nccl-tests and `xccl bench` report it).
 """
 
 import argparse
@@ -21,7 +22,8 @@ def size(text):
 
 
 def timed(comm, buf, iters):
-    """Median seconds of one all_reduce, over `iters` calls, each started together."""
+    """Seconds of one all_reduce: the median over `iters` calls each started together, and
+    the mean over `iters` calls back to back (the slowest rank's)."""
     for _ in range(min(iters, 10)):
         comm.all_reduce(buf)
     times = []
@@ -30,10 +32,13 @@ def timed(comm, buf, iters):
         t0 = time.perf_counter()
         comm.all_reduce(buf)
         times.append(time.perf_counter() - t0)
-    # The slowest rank's time is the collective's.
-    t = np.array([np.median(times)])
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        comm.all_reduce(buf)
+    t = np.array([np.median(times), (time.perf_counter() - t0) / iters])
     comm.all_reduce(t, "max")
-    return t[0]
+    return t
 
 
 def main():
@@ -47,10 +52,13 @@ def main():
     n = comm.size
     for nbytes, iters in [(size(a.small), a.iters), (size(a.large), a.large_iters)]:
         buf = np.ones(nbytes // 4, dtype=np.float32)
-        t = timed(comm, buf, iters)
+        median, mean = timed(comm, buf, iters)
         if comm.rank == 0:
-            busbw = 2 * (n - 1) / n * nbytes / t / 1e9
-            print(f"all_reduce {nbytes:>10} B  {t * 1e6:10.1f} us  {busbw:8.2f} GB/s bus  ({n} ranks, Python)")
+            bus = 2 * (n - 1) / n * nbytes / 1e9
+            print(
+                f"all_reduce {nbytes:>10} B  median {median * 1e6:10.1f} us {bus / median:7.2f} GB/s bus"
+                f"  back to back {mean * 1e6:10.1f} us {bus / mean:7.2f} GB/s bus  ({n} ranks, Python)"
+            )
 
 
 if __name__ == "__main__":
