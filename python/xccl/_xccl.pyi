@@ -51,7 +51,7 @@ class Work:
     """The handle on an asynchronous operation. It holds the buffers the operation borrowed
     until the operation has completed; do not read or write them before. Dropping a Work does
     not cancel the operation (every rank takes part in it); its buffers stay borrowed until
-    it completes."""
+    it completes. A Work may be waited on and polled from several threads at once."""
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits until the operation has completed (True; the buffers are the caller's
