@@ -1,12 +1,56 @@
 //! Handles on asynchronous operations: [`Work`] for one operation and its buffers, [`Event`]
-//! for "everything issued so far".
+//! for "everything issued so far"; [`Buffer`], what an asynchronous operation can own.
 
 use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::dtype::Element;
 use crate::error::{Error, Result};
+
+/// Memory that an asynchronous operation takes over until it completes: a `Vec<T>`, a
+/// `Box<[T]>`, or a handle on memory owned elsewhere (an array lent by another runtime, such
+/// as a Python buffer). The operation reads (and, for its output, writes) the memory in place:
+/// nothing is copied.
+///
+/// # Safety
+///
+/// The operation takes the slices once, when it is issued, and then moves the buffer into
+/// its [`Work`], which keeps it untouched until the operation has completed. An implementor
+/// guarantees that
+/// - `as_slice` and `as_mut_slice` return the same memory (address and length), and
+/// - that memory does not move when the value moves, and stays valid, with no other reader
+///   or writer, until the value is dropped or given back by [`Work::wait`]:
+///
+/// true of heap memory the value owns (`Vec`, `Box<[T]>`), false of an array held inline.
+pub unsafe trait Buffer<T>: Send + 'static {
+    /// The elements, to read.
+    fn as_slice(&self) -> &[T];
+    /// The elements, to write.
+    fn as_mut_slice(&mut self) -> &mut [T];
+}
+
+// SAFETY: a vector's elements live on the heap: moving the `Vec` moves only its pointer, and
+// nothing reallocates them while the operation owns the vector.
+unsafe impl<T: Element> Buffer<T> for Vec<T> {
+    fn as_slice(&self) -> &[T] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        self
+    }
+}
+
+// SAFETY: a boxed slice lives on the heap and never reallocates.
+unsafe impl<T: Element> Buffer<T> for Box<[T]> {
+    fn as_slice(&self) -> &[T] {
+        self
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        self
+    }
+}
 
 /// The shared completion slot of one queued operation.
 #[derive(Default)]
@@ -161,4 +205,33 @@ pub struct OpSpan {
     pub started: std::time::Instant,
     /// When it completed (or failed).
     pub finished: std::time::Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Communicator, ReduceOp};
+
+    /// Asynchronous operations on any `Buffer` run in its own memory and give it back.
+    #[test]
+    fn async_operations_use_the_buffers_memory() {
+        let comms = Communicator::local(2).unwrap();
+        std::thread::scope(|s| {
+            for c in comms {
+                s.spawn(move || {
+                    let r = c.rank();
+                    let boxed: Box<[f32]> = vec![r as f32 + 1.0; 1000].into_boxed_slice();
+                    let at = boxed.as_ptr();
+                    let back = c.all_reduce_async(boxed, ReduceOp::Sum).wait().unwrap();
+                    assert_eq!(back.as_ptr(), at, "the result is in another allocation");
+                    assert!(back.iter().all(|&x| x == 3.0));
+
+                    let v = vec![r as u64 + 1; 7];
+                    let at = v.as_ptr();
+                    let back = c.reduce_in_place_async(v, ReduceOp::Max, 1).wait().unwrap();
+                    assert_eq!(back.as_ptr(), at);
+                    assert_eq!(back, vec![if r == 1 { 2 } else { 1 }; 7]);
+                });
+            }
+        });
+    }
 }

@@ -1,9 +1,11 @@
 //! The operations of a [`Communicator`]: point-to-point and every collective, each in a
-//! blocking form on slices and an asynchronous form on owned vectors.
+//! blocking form on slices and an asynchronous form on owned buffers.
 //!
-//! Asynchronous forms take the same buffers as the blocking ones, by value, and give them
-//! back from [`Work::wait`]. Arguments are checked when the call is made: a blocking call
-//! returns the error, an asynchronous one returns a `Work` that has already failed.
+//! Asynchronous forms take the same buffers as the blocking ones, by value (any
+//! [`Buffer`]: a `Vec`, a `Box<[T]>`, memory lent by another runtime), and give them back
+//! from [`Work::wait`]; the memory is used where it is, never copied. Arguments are checked
+//! when the call is made: a blocking call returns the error, an asynchronous one returns a
+//! `Work` that has already failed.
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use crate::exec::{Bufs, P2p};
 use crate::frame::CollKind;
 use crate::reduce::ReduceOp;
 use crate::schedule::Blocks;
-use crate::work::{Completion, Work};
+use crate::work::{Buffer, Completion, Work};
 
 /// A checked collective, ready for the communicator's backend.
 type Plan = Result<super::Call>;
@@ -269,18 +271,19 @@ impl Communicator {
         self.p2p_block(p2p(false, peer, tag, buf.as_mut_ptr(), buf.len()))
     }
 
-    fn p2p_spawn<T: Element>(
+    fn p2p_spawn<T: Element, B: Buffer<T>>(
         &self,
         api: &'static str,
         send: bool,
-        mut buf: Vec<T>,
+        mut buf: B,
         peer: usize,
         tag: u32,
-    ) -> Work<Vec<T>> {
+    ) -> Work<B> {
         if let Err(e) = self.p2p_check(api, peer) {
             return Work::new(Completion::finished(Err(e)));
         }
-        let msg: P2p = p2p(send, peer, tag, buf.as_mut_ptr(), buf.len());
+        let mem = buf.as_mut_slice();
+        let msg: P2p = p2p(send, peer, tag, mem.as_mut_ptr(), mem.len());
         let done = Arc::new(Completion::default());
         done.keep(Box::new(buf));
         self.p2p_submit(msg, done.clone());
@@ -288,13 +291,13 @@ impl Communicator {
     }
 
     /// Asynchronous [`send`](Self::send).
-    pub fn isend<T: Element>(&self, buf: Vec<T>, peer: usize, tag: u32) -> Work<Vec<T>> {
+    pub fn isend<T: Element, B: Buffer<T>>(&self, buf: B, peer: usize, tag: u32) -> Work<B> {
         self.p2p_spawn("isend", true, buf, peer, tag)
     }
 
-    /// Asynchronous [`recv`](Self::recv): the vector's length says how many elements to
+    /// Asynchronous [`recv`](Self::recv): the buffer's length says how many elements to
     /// receive.
-    pub fn irecv<T: Element>(&self, buf: Vec<T>, peer: usize, tag: u32) -> Work<Vec<T>> {
+    pub fn irecv<T: Element, B: Buffer<T>>(&self, buf: B, peer: usize, tag: u32) -> Work<B> {
         self.p2p_spawn("irecv", false, buf, peer, tag)
     }
 
@@ -313,9 +316,9 @@ impl Communicator {
     }
 
     /// Asynchronous [`all_reduce`](Self::all_reduce).
-    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        let plan = self.plan_all_reduce::<T>(buf.len(), op);
-        let bufs = Bufs::in_place(&mut buf);
+    pub fn all_reduce_async<T: Element, B: Buffer<T>>(&self, mut buf: B, op: ReduceOp) -> Work<B> {
+        let plan = self.plan_all_reduce::<T>(buf.as_slice().len(), op);
+        let bufs = Bufs::in_place(buf.as_mut_slice());
         self.spawn(plan, bufs, buf)
     }
 
@@ -325,9 +328,9 @@ impl Communicator {
     }
 
     /// Asynchronous [`broadcast`](Self::broadcast).
-    pub fn broadcast_async<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Work<Vec<T>> {
-        let plan = self.plan_broadcast::<T>(buf.len(), root);
-        let bufs = Bufs::in_place(&mut buf);
+    pub fn broadcast_async<T: Element, B: Buffer<T>>(&self, mut buf: B, root: usize) -> Work<B> {
+        let plan = self.plan_broadcast::<T>(buf.as_slice().len(), root);
+        let bufs = Bufs::in_place(buf.as_mut_slice());
         self.spawn(plan, bufs, buf)
     }
 
@@ -344,16 +347,29 @@ impl Communicator {
         self.block(plan, Bufs::in_place(buf))
     }
 
-    /// Asynchronous [`reduce`](Self::reduce); gives back `(input, output)`.
-    pub fn reduce_async<T: Element>(
+    /// Asynchronous [`reduce_in_place`](Self::reduce_in_place).
+    pub fn reduce_in_place_async<T: Element, B: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        mut buf: B,
         op: ReduceOp,
         root: usize,
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_reduce::<T>(input.len(), output.len(), op, root);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<B> {
+        let len = buf.as_slice().len();
+        let plan = self.plan_reduce::<T>(len, len, op, root);
+        let bufs = Bufs::in_place(buf.as_mut_slice());
+        self.spawn(plan, bufs, buf)
+    }
+
+    /// Asynchronous [`reduce`](Self::reduce); gives back `(input, output)`.
+    pub fn reduce_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<(I, O)> {
+        let plan = self.plan_reduce::<T>(input.as_slice().len(), output.as_slice().len(), op, root);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -364,9 +380,13 @@ impl Communicator {
     }
 
     /// Asynchronous [`all_gather`](Self::all_gather); gives back `(input, output)`.
-    pub fn all_gather_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_all_gather::<T>(input.len(), output.len());
-        let bufs = Bufs::pair(&input, &mut output);
+    pub fn all_gather_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+    ) -> Work<(I, O)> {
+        let plan = self.plan_all_gather::<T>(input.as_slice().len(), output.as_slice().len());
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -377,14 +397,14 @@ impl Communicator {
     }
 
     /// Asynchronous [`all_gather_v`](Self::all_gather_v); gives back `(input, output)`.
-    pub fn all_gather_v_async<T: Element>(
+    pub fn all_gather_v_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        input: I,
+        mut output: O,
         counts: &[usize],
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_all_gather_v::<T>(input.len(), output.len(), counts);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan = self.plan_all_gather_v::<T>(input.as_slice().len(), output.as_slice().len(), counts);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -395,14 +415,14 @@ impl Communicator {
     }
 
     /// Asynchronous [`reduce_scatter`](Self::reduce_scatter); gives back `(input, output)`.
-    pub fn reduce_scatter_async<T: Element>(
+    pub fn reduce_scatter_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        input: I,
+        mut output: O,
         op: ReduceOp,
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_reduce_scatter::<T>(input.len(), output.len(), op);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan = self.plan_reduce_scatter::<T>(input.as_slice().len(), output.as_slice().len(), op);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -423,15 +443,16 @@ impl Communicator {
 
     /// Asynchronous [`reduce_scatter_v`](Self::reduce_scatter_v); gives back
     /// `(input, output)`.
-    pub fn reduce_scatter_v_async<T: Element>(
+    pub fn reduce_scatter_v_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        input: I,
+        mut output: O,
         counts: &[usize],
         op: ReduceOp,
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_reduce_scatter_v::<T>(input.len(), output.len(), counts, op);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan =
+            self.plan_reduce_scatter_v::<T>(input.as_slice().len(), output.as_slice().len(), counts, op);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -442,9 +463,13 @@ impl Communicator {
     }
 
     /// Asynchronous [`all_to_all`](Self::all_to_all); gives back `(input, output)`.
-    pub fn all_to_all_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_all_to_all::<T>(input.len(), output.len());
-        let bufs = Bufs::pair(&input, &mut output);
+    pub fn all_to_all_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+    ) -> Work<(I, O)> {
+        let plan = self.plan_all_to_all::<T>(input.as_slice().len(), output.as_slice().len());
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -462,15 +487,20 @@ impl Communicator {
     }
 
     /// Asynchronous [`all_to_all_v`](Self::all_to_all_v); gives back `(input, output)`.
-    pub fn all_to_all_v_async<T: Element>(
+    pub fn all_to_all_v_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
+        input: I,
         send_counts: &[usize],
-        mut output: Vec<T>,
+        mut output: O,
         recv_counts: &[usize],
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_all_to_all_v::<T>(input.len(), send_counts, output.len(), recv_counts);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan = self.plan_all_to_all_v::<T>(
+            input.as_slice().len(),
+            send_counts,
+            output.as_slice().len(),
+            recv_counts,
+        );
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -481,14 +511,14 @@ impl Communicator {
     }
 
     /// Asynchronous [`scatter`](Self::scatter); gives back `(input, output)`.
-    pub fn scatter_async<T: Element>(
+    pub fn scatter_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        input: I,
+        mut output: O,
         root: usize,
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_scatter::<T>(input.len(), output.len(), root);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan = self.plan_scatter::<T>(input.as_slice().len(), output.as_slice().len(), root);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
@@ -499,14 +529,14 @@ impl Communicator {
     }
 
     /// Asynchronous [`gather`](Self::gather); gives back `(input, output)`.
-    pub fn gather_async<T: Element>(
+    pub fn gather_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
-        input: Vec<T>,
-        mut output: Vec<T>,
+        input: I,
+        mut output: O,
         root: usize,
-    ) -> Work<(Vec<T>, Vec<T>)> {
-        let plan = self.plan_gather::<T>(input.len(), output.len(), root);
-        let bufs = Bufs::pair(&input, &mut output);
+    ) -> Work<(I, O)> {
+        let plan = self.plan_gather::<T>(input.as_slice().len(), output.as_slice().len(), root);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }
 
