@@ -252,6 +252,44 @@ impl PyCommunicator {
         py.detach(Communicator::from_env).map(PyCommunicator::new).map_err(|e| to_py(py, &e))
     }
 
+    /// Rank `rank` of a group of `size` ranks that meet through `store`: any object with
+    /// `set(key, bytes)`, `get(key) -> bytes` (blocking until the key is set) and
+    /// `add(key, int) -> int`, such as a `torch.distributed.Store`. Every rank of the group
+    /// passes its own store object of the same store; no other group may use its keys.
+    /// Peers connect to this rank at `local_ip` (default: the loopback address, for groups
+    /// on one machine); `timeout` (seconds) bounds the wait for the others.
+    #[staticmethod]
+    #[pyo3(signature = (store, rank, size, timeout=300.0, local_ip=None))]
+    fn from_store(
+        py: Python<'_>,
+        store: Py<PyAny>,
+        rank: i64,
+        size: i64,
+        timeout: f64,
+        local_ip: Option<&str>,
+    ) -> PyResult<PyCommunicator> {
+        const API: &str = "Communicator.from_store";
+        let rank = index(py, API, "rank", rank)?;
+        let size = index(py, API, "size", size)?;
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(invalid(
+                py,
+                API,
+                format!("timeout is {timeout}; it must be a positive number of seconds"),
+            ));
+        }
+        let ip = match local_ip {
+            None => std::net::IpAddr::from([127, 0, 0, 1]),
+            Some(s) => {
+                s.parse().map_err(|_| invalid(py, API, format!("local_ip '{s}' is not an IP address")))?
+            }
+        };
+        let timeout = std::time::Duration::from_secs_f64(timeout);
+        py.detach(|| crate::store::connect(store, rank, size, timeout, ip))
+            .map(PyCommunicator::new)
+            .map_err(|e| to_py(py, &e))
+    }
+
     /// `n` communicators of one group whose ranks are threads of this process: hand one to
     /// each Python thread (every rank's calls block until the others join them).
     #[staticmethod]

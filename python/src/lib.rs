@@ -6,6 +6,7 @@
 //! | `comm.rs` | `Communicator`: construction, `split` / `dup`, every operation and its `_async` twin |
 //! | `calls.rs` | the operations as data, and how each maps onto xccl's blocking and asynchronous API |
 //! | `buffer.rs` | Python buffers as typed xccl buffers: export, checks, element types |
+//! | `store.rs` | `Communicator.from_store`: meeting through a store the program brings (PyTorch's) |
 //! | `work.rs` | `Work`: an asynchronous operation and the buffers it borrowed |
 //! | `error.rs` | the exception classes and how each `xccl::Error` maps to one |
 //!
@@ -16,6 +17,7 @@ mod buffer;
 mod calls;
 mod comm;
 mod error;
+mod store;
 mod work;
 
 use pyo3::prelude::*;

@@ -70,6 +70,14 @@ class Communicator:
         torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Slurm or mpirun variables.
         Collective."""
     @staticmethod
+    def from_store(
+        store: Any, rank: int, size: int, timeout: float = 300.0, local_ip: str | None = None
+    ) -> Communicator:
+        """Rank `rank` of `size`, meeting through `store` (an object with `set(key, bytes)`,
+        a blocking `get(key) -> bytes` and `add(key, int) -> int`, e.g. a
+        `torch.distributed.Store`); peers connect to this rank at `local_ip` (default
+        127.0.0.1); `timeout` seconds bound the wait for the others."""
+    @staticmethod
     def local(n: int) -> list[Communicator]:
         """`n` ranks as threads of this process: hand one communicator to each Python
         thread."""

@@ -202,3 +202,42 @@ fn buffers_are_used_in_place_and_held_until_done() {
         expect_ok(&result, 2, needle);
     }
 }
+
+/// Whether the checks' Python has PyTorch; says why the caller skips if not.
+fn has_torch() -> bool {
+    let Ok(s) = setup() else { return true }; // `run` says why it skips
+    let ok = Command::new(&s.python)
+        .args(["-c", "import torch.distributed"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipping: {} has no PyTorch (pip install torch, or run .ci/run once)", s.python);
+    }
+    ok
+}
+
+#[test]
+fn the_pytorch_backend_matches_gloo_call_by_call() {
+    if has_torch() {
+        expect_ok(&run(RUN3, "check_torch_backend.py", &[], &[]), 3, "torch backend ok");
+    }
+}
+
+#[test]
+fn ddp_on_xccl_trains_like_ddp_on_gloo_under_xccl_run_and_torchrun() {
+    if !has_torch() {
+        return;
+    }
+    expect_ok(&run(RUN3, "check_torch_ddp.py", &[], &[]), 3, "ddp ok");
+    let Ok(s) = setup() else { return };
+    let torchrun = [
+        s.python.as_str(),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "3",
+        "--no-python",
+    ];
+    expect_ok(&run(&torchrun, "check_torch_ddp.py", &[], &[]), 3, "ddp ok");
+}

@@ -70,6 +70,28 @@ fn port_for(job: &str) -> u16 {
 }
 
 impl Rendezvous {
+    /// Rank `rank` of `size` in job `auth`, meeting through a store the program brings
+    /// ([`Communicator::connect_with_store`](crate::Communicator::connect_with_store)):
+    /// this machine's host key (or `XCCL_HOST_KEY`), `timeout` to find the others.
+    pub fn for_store(rank: usize, size: usize, auth: Auth, timeout: Duration) -> Result<Rendezvous> {
+        if size == 0 || rank >= size {
+            return Err(Error::Config(format!("rank {rank} is outside a world of {size} ranks")));
+        }
+        let host = std::env::var("XCCL_HOST_KEY").map_or_else(|_| host::host_key(), |k| host::clean_key(&k));
+        Ok(Rendezvous {
+            rank,
+            size,
+            local_rank: 0,
+            store: String::new(),
+            serve_store: false,
+            c10d_prefix: None,
+            auth,
+            timeout,
+            host,
+            launcher: "store",
+        })
+    }
+
     /// Reads this process's environment.
     pub fn from_env() -> Result<Rendezvous> {
         Rendezvous::from_lookup(&|k| std::env::var(k).ok())
