@@ -1,5 +1,7 @@
 """PyTorch DDP on Gloo (CPU) training the GPT of `xccl train`, for a side-by-side comparison.
 
+With --backend xccl the same DDP runs on xccl's PyTorch backend (bench/torch_backend.sh).
+
     python bench/train_vs_torch.py --dp 2 --width 128 --layers 2 --heads 4 --digits 3 \
         --batch 64 --steps 300 --out torch.json
 
@@ -103,7 +105,9 @@ def rank_main(rank, args, port):
     torch.set_num_interop_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.dp)
+    if args.backend == "xccl":
+        import xccl.torch  # noqa: F401  (registers the backend)
+    dist.init_process_group(args.backend, rank=rank, world_size=args.dp)
     torch.manual_seed(args.seed)
     context = 3 * args.digits + 2
     model = Gpt(12, context, args.width, args.layers, args.heads)
@@ -152,7 +156,7 @@ def rank_main(rank, args, port):
     if rank == 0:
         sync, nosync, tail, tail_nosync = both.tolist()
         result = {
-            "framework": f"torch {torch.__version__} DDP gloo",
+            "framework": f"torch {torch.__version__} DDP {args.backend}",
             "dp": args.dp,
             "threads_per_rank": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()),
@@ -187,6 +191,12 @@ def main():
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="torch_ddp.json")
+    p.add_argument(
+        "--backend",
+        default="gloo",
+        choices=["gloo", "xccl"],
+        help='process-group backend ("xccl": the package xccl, see python/README.md)',
+    )
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

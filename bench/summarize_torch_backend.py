@@ -1,0 +1,69 @@
+"""Table of bench/torch_backend.sh's results: torch.distributed.all_reduce through "xccl" and
+"gloo" (same processes) and xccl's native `xccl bench`; DDP training on each backend.
+
+    python3 bench/summarize_torch_backend.py target/bench/torch_backend
+
+Medians over the runs; ratios are of medians measured in the same runs.
+"""
+
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def native_rows(path):
+    rows = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 8 and f[0].isdigit():
+            rows[int(f[0])] = {"us": float(f[5]), "busbw": float(f[7])}
+    return rows
+
+
+def main(out):
+    coll = {}
+    for path in sorted(glob.glob(os.path.join(out, "collectives_*.json"))):
+        for r in json.load(open(path))["rows"]:
+            coll.setdefault((r["bytes"], r["backend"]), []).append(r)
+    native = {}
+    for path in sorted(glob.glob(os.path.join(out, "native_*.txt"))):
+        for size, r in native_rows(path).items():
+            native.setdefault(size, []).append(r)
+    sizes = sorted({b for b, _ in coll})
+    print("| size | gloo µs | xccl µs | gloo busbw GB/s | xccl busbw GB/s | xccl / gloo busbw | native xccl bench busbw | torch-xccl / native |")
+    print("|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        g = coll.get((size, "gloo"), [])
+        x = coll.get((size, "xccl"), [])
+        gus, xus = median([r["us"] for r in g]), median([r["us"] for r in x])
+        gbw, xbw = median([r["busbw_GBps"] for r in g]), median([r["busbw_GBps"] for r in x])
+        nbw = median([r["busbw"] for r in native.get(size, [])])
+        print(
+            f"| {size} B | {gus:.1f} | {xus:.1f} | {gbw:.3f} | {xbw:.3f} | {xbw / gbw:.2f}x | {nbw:.3f} | {xbw / nbw:.0%} |"
+        )
+    ddp = {}
+    for path in sorted(glob.glob(os.path.join(out, "ddp_*.json"))):
+        r = json.load(open(path))
+        ddp.setdefault(r["framework"].split()[-1], []).append(r)
+    if ddp:
+        print()
+        print("| DDP backend | step ms | no_sync step ms | exposed comm ms | exposed share | runs |")
+        print("|---|---|---|---|---|---|")
+        for backend, rs in sorted(ddp.items()):
+            print(
+                f"| {backend} | {median([r['step_ms'] for r in rs]):.2f} | {median([r['step_no_sync_ms'] for r in rs]):.2f} "
+                f"| {median([r['exposed_ms'] for r in rs]):.2f} | {median([r['exposed_share'] for r in rs]):.1%} | {len(rs)} |"
+            )
+        if "gloo" in ddp and "xccl" in ddp:
+            ratio = median([r["step_ms"] for r in ddp["xccl"]]) / median([r["step_ms"] for r in ddp["gloo"]])
+            print(f"\nDDP step time xccl / gloo: {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "target/bench/torch_backend")
