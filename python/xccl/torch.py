@@ -260,6 +260,18 @@ class ProcessGroupXccl(dist.ProcessGroup):
     def _work(self, native, result: list, call: _Call) -> _Work:
         return _Work(native, result, call.after, self._completer)
 
+    def _go(self, opts, call: _Call, result: list, name: str, *args, **kwargs) -> _Work:
+        """Runs xccl's `name` on the call's buffers: blocking when PyTorch says the caller
+        waits at once (``opts.asyncOp`` false: a synchronous ``dist.*`` call), which saves
+        handing the operation to another thread; else its ``_async`` form, whose work the
+        caller waits on, or whose future completes, later."""
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            getattr(self._comm, name)(*args, **kwargs)
+            for step in call.after:
+                step()
+            return _Work(None, result, [], self._completer)
+        return self._work(getattr(self._comm, name + "_async")(*args, **kwargs), result, call)
+
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         call = _Call("all_reduce")
@@ -268,13 +280,13 @@ class ProcessGroupXccl(dist.ProcessGroup):
             buf = call.output(tensors[0], reduces=True)
         else:
             buf = call.flat(tensors, fill=True, back=True, reduces=True)
-        return self._work(self._comm.all_reduce_async(buf, op, dtype=call.dtype), tensors, call)
+        return self._go(opts, call, tensors, "all_reduce", buf, op, dtype=call.dtype)
 
     def allreduce_coalesced(self, tensors, opts=None):
         call = _Call("all_reduce_coalesced")
         op = _op(call.name, opts.reduceOp if opts is not None else ReduceOp.SUM)
         buf = call.flat(tensors, fill=True, back=True, reduces=True)
-        return self._work(self._comm.all_reduce_async(buf, op, dtype=call.dtype), tensors, call)
+        return self._go(opts, call, tensors, "all_reduce", buf, op, dtype=call.dtype)
 
     def reduce(self, tensors, opts=None):
         call = _Call("reduce")
@@ -282,7 +294,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
         root = opts.rootRank
         buf = call.output(self._one(call, tensors), reduces=True)
         out = buf if self._rank == root else None
-        return self._work(self._comm.reduce_async(buf, out, root, op, dtype=call.dtype), tensors, call)
+        return self._go(opts, call, tensors, "reduce", buf, out, root, op, dtype=call.dtype)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         call = _Call("reduce_scatter")
@@ -292,8 +304,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
         self._same_sizes(call, pieces, out_t)
         src = call.flat(pieces, fill=True, back=False, reduces=True)
         out = call.output(out_t, reduces=True)
-        native = self._comm.reduce_scatter_async(src, out, op, dtype=call.dtype)
-        return self._work(native, output_tensors, call)
+        return self._go(opts, call, output_tensors, "reduce_scatter", src, out, op, dtype=call.dtype)
 
     def reduce_scatter_single(self, output, input, opts=None):
         call = _Call("reduce_scatter_tensor")
@@ -305,8 +316,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
             )
         src = call.input(input, reduces=True)
         out = call.output(output, reduces=True)
-        native = self._comm.reduce_scatter_async(src, out, op, dtype=call.dtype)
-        return self._work(native, [output], call)
+        return self._go(opts, call, [output], "reduce_scatter", src, out, op, dtype=call.dtype)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         return self._chain([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)])
@@ -319,7 +329,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
             buf = call.output(tensors[0])
         else:
             buf = call.flat(tensors, fill=True, back=True)
-        return self._work(self._comm.broadcast_async(buf, root, dtype=call.dtype), tensors, call)
+        return self._go(opts, call, tensors, "broadcast", buf, root, dtype=call.dtype)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         call = _Call("all_gather")
@@ -328,7 +338,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
         self._same_sizes(call, outs, inp)
         src = call.input(inp)
         out = call.flat(outs, fill=False, back=True)
-        return self._work(self._comm.all_gather_async(src, out, dtype=call.dtype), output_tensors, call)
+        return self._go(opts, call, output_tensors, "all_gather", src, out, dtype=call.dtype)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self._chain([self.allgather([o], [i], opts) for o, i in zip(output_lists, input_tensors)])
@@ -342,7 +352,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
             )
         src = call.input(input)
         out = call.output(output)
-        return self._work(self._comm.all_gather_async(src, out, dtype=call.dtype), [output], call)
+        return self._go(opts, call, [output], "all_gather", src, out, dtype=call.dtype)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self._chain([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)])
@@ -357,12 +367,11 @@ class ProcessGroupXccl(dist.ProcessGroup):
                     f"xccl backend: all_to_all_single: input ({input.numel()} elements) and output "
                     f"({output.numel()}) must be equal and divisible by the group size {self._size}"
                 )
-            native = self._comm.all_to_all_async(src, out, dtype=call.dtype)
+            return self._go(opts, call, [output], "all_to_all", src, out, dtype=call.dtype)
         else:
             send = self._counts(call, input, input_split_sizes)
             recv = self._counts(call, output, output_split_sizes)
-            native = self._comm.all_to_all_v_async(src, send, out, recv, dtype=call.dtype)
-        return self._work(native, [output], call)
+            return self._go(opts, call, [output], "all_to_all_v", src, send, out, recv, dtype=call.dtype)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         call = _Call("all_to_all")
@@ -375,8 +384,7 @@ class ProcessGroupXccl(dist.ProcessGroup):
         out = call.flat(output_tensors, fill=False, back=True)
         send = [t.numel() for t in input_tensors]
         recv = [t.numel() for t in output_tensors]
-        native = self._comm.all_to_all_v_async(src, send, out, recv, dtype=call.dtype)
-        return self._work(native, output_tensors, call)
+        return self._go(opts, call, output_tensors, "all_to_all_v", src, send, out, recv, dtype=call.dtype)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         call = _Call("gather")
@@ -388,16 +396,14 @@ class ProcessGroupXccl(dist.ProcessGroup):
             outs = self._one(call, output_tensors)
             self._same_sizes(call, outs, inp)
             out = call.flat(outs, fill=False, back=True)
-        native = self._comm.gather_async(src, out, root, dtype=call.dtype)
-        return self._work(native, output_tensors, call)
+        return self._go(opts, call, output_tensors, "gather", src, out, root, dtype=call.dtype)
 
     def gather_single(self, output, input, opts=None):
         call = _Call("gather_into_tensor")
         root = opts.rootRank
         src = call.input(input)
         out = call.output(output) if self._rank == root else None
-        native = self._comm.gather_async(src, out, root, dtype=call.dtype)
-        return self._work(native, [output], call)
+        return self._go(opts, call, [output], "gather", src, out, root, dtype=call.dtype)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         call = _Call("scatter")
@@ -409,11 +415,10 @@ class ProcessGroupXccl(dist.ProcessGroup):
             self._same_sizes(call, ins, out_t)
             src = call.flat(ins, fill=True, back=False)
         out = call.output(out_t)
-        native = self._comm.scatter_async(src, out, root, dtype=call.dtype)
-        return self._work(native, output_tensors, call)
+        return self._go(opts, call, output_tensors, "scatter", src, out, root, dtype=call.dtype)
 
     def barrier(self, opts=None):
-        return _Work(self._comm.barrier_async(), [], [], self._completer)
+        return self._go(opts, _Call("barrier"), [], "barrier")
 
     def send(self, tensors, dst, tag=0):
         call = _Call("send")
