@@ -21,6 +21,8 @@ def native_rows(path):
     rows = {}
     for line in open(path):
         f = line.split()
+        if f and f[0].startswith("["):  # `xccl run` prefixes each line with its rank
+            f = f[1:]
         if len(f) >= 8 and f[0].isdigit():
             rows[int(f[0])] = {"us": float(f[5]), "busbw": float(f[7])}
     return rows

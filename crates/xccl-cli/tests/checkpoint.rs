@@ -12,6 +12,10 @@ use safetensors::{Dtype, SafeTensors};
 use xccl::Communicator;
 use xccl_train::dcp::{self, Piece, Snapshot};
 
+mod common;
+
+use common::text;
+
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -23,15 +27,6 @@ fn temp_dir(name: &str) -> PathBuf {
 
 fn xccl(args: &[&Path]) -> Output {
     Command::new(XCCL).arg("checkpoint").args(args).output().expect("run xccl checkpoint")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn ok(out: &Output) -> String {

@@ -8,9 +8,11 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use xccl_train::checkpoint::{DIR_NAME, read_params};
+mod common;
+
+use common::{param_bits as params, run_ok as ok, text, torch_python};
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
@@ -42,27 +44,6 @@ fn train(out: &Path, args: &[&str]) -> Command {
     let mut cmd = xccl(&["train"]);
     cmd.args(TINY).args(args).arg("--out").arg(out);
     cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("start xccl");
-    assert!(out.status.success(), "{}", text(&out));
-    out
-}
-
-/// The bits of the final parameters a run left in its checkpoint, by name.
-fn params(out: &Path) -> BTreeMap<String, Vec<u32>> {
-    let p = read_params(&out.join(DIR_NAME)).expect("checkpoint");
-    p.into_iter().map(|(k, v)| (k, v.iter().map(|x| x.to_bits()).collect())).collect()
 }
 
 /// The processes still running whose command line mentions `needle`.
@@ -323,33 +304,33 @@ fn xccl_train_as_ranks_of_mpirun_equals_xccl_train_launching_itself() {
     }
 }
 
-/// torchrun from one of the virtual environments with PyTorch, if there is one.
-fn torchrun() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    [home.join(".cache/xccl-ci-venv/bin/torchrun"), PathBuf::from("/tmp/peers-venv/bin/torchrun")]
-        .into_iter()
-        .find(|p| p.exists())
-}
-
 #[test]
 fn under_torchrun_a_killed_rank_restarts_resumes_and_ends_bit_identical() {
-    let Some(torchrun) = torchrun() else {
-        eprintln!("skipping: no torchrun (a virtual environment with PyTorch) found");
-        return;
-    };
+    let Some(python) = torch_python() else { return };
     let (whole, reference) = uninterrupted("torchrun-whole");
     let dir = out_dir("torchrun");
-    let mut cmd = Command::new(torchrun);
-    cmd.args(["--standalone", "--nproc_per_node", "2", "--max-restarts", "1", "--no-python", XCCL, "train"])
-        .args(TINY)
-        .args(["--dp", "2"])
-        .args(RUN)
-        .arg("--out")
-        .arg(&dir)
-        .env("XCCL_TIMEOUT", "60")
-        .env("RAYON_NUM_THREADS", "1")
-        .env("XCCL_FAULT_KILL_AT_STEP", "1:6")
-        .env_remove("XCCL_JOB_ID");
+    let mut cmd = Command::new(python);
+    cmd.args([
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--no-python",
+        XCCL,
+        "train",
+    ])
+    .args(TINY)
+    .args(["--dp", "2"])
+    .args(RUN)
+    .arg("--out")
+    .arg(&dir)
+    .env("XCCL_TIMEOUT", "60")
+    .env("RAYON_NUM_THREADS", "1")
+    .env("XCCL_FAULT_KILL_AT_STEP", "1:6")
+    .env_remove("XCCL_JOB_ID");
     let out = ok(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("attempt 2: resuming from the checkpoint"), "{}", text(&out));

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 use xccl::{Communicator, ReduceOp};
 
+mod common;
+
+use common::text;
+
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
 /// A named test: Ok, or what went wrong.
@@ -161,15 +165,6 @@ fn leave_a_segment() -> xccl::Result<()> {
 
 fn me() -> String {
     std::env::current_exe().expect("test binary path").to_string_lossy().into_owned()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Runs `cmd` with a deadline; kills it and fails past the deadline.

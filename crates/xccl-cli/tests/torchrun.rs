@@ -7,59 +7,18 @@
 //! virtual environments `.ci/run` and `bench/` set up; without one each test says why it
 //! skips.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use xccl::bootstrap::C10dClient;
-use xccl_train::checkpoint::{DIR_NAME, read_params};
+
+mod common;
+
+use common::{param_bits as params, run_ok as ok, text, torch_python as python};
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
-
-/// A Python that imports torch, if there is one.
-fn python() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let candidates = std::env::var_os("XCCL_TEST_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([
-            PathBuf::from("python3"),
-            home.join(".cache/xccl-ci-venv/bin/python3"),
-            PathBuf::from("/tmp/peers-venv/bin/python3"),
-        ])
-        .collect::<Vec<_>>();
-    let found = candidates.into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import torch.distributed"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if found.is_none() {
-        eprintln!(
-            "skipping: no Python with PyTorch (set XCCL_TEST_PYTHON, or run .ci/run once to set up its venv)"
-        );
-    }
-    found
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("start the command");
-    assert!(out.status.success(), "{}", text(&out));
-    out
-}
 
 /// `python -m torch.distributed.run ARGS` (torchrun) with settings for a small, shared machine.
 fn torchrun(python: &Path, args: &[&str]) -> Command {
@@ -105,12 +64,6 @@ const TINY: &[&str] = &[
     "--digits", "2", "--width", "16", "--layers", "1", "--heads", "2", "--batch", "9", "--lr", "1e-3",
     "--steps", "6", "--dp", "3",
 ];
-
-/// The bits of the final parameters a run left in its checkpoint, by name.
-fn params(out: &Path) -> BTreeMap<String, Vec<u32>> {
-    let p = read_params(&out.join(DIR_NAME)).expect("checkpoint");
-    p.into_iter().map(|(k, v)| (k, v.iter().map(|x| x.to_bits()).collect())).collect()
-}
 
 #[test]
 fn xccl_train_under_torchrun_equals_its_own_launch() {

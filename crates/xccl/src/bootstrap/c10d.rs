@@ -23,11 +23,11 @@
 //! store refuse the protocol.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::PoisonError;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::store::{Data, KeyValue, MAX_KEY, MAX_VALUE};
+use super::store::{Data, KeyValue, MAX_KEY, MAX_VALUE, dial};
 use crate::error::{Error, Result};
 
 /// The number a client sends after `VALIDATE`.
@@ -128,29 +128,11 @@ impl C10dClient {
     /// listens yet, and validates the connection; keys are used under `prefix`. `timeout`
     /// also bounds every later `get`.
     pub fn connect(addr: &str, prefix: &str, timeout: Duration) -> Result<C10dClient> {
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(10);
-        loop {
-            let attempt = addr
-                .to_socket_addrs()
-                .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{addr}': {e}")))?
-                .find_map(|a: SocketAddr| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
-            if let Some(stream) = attempt {
-                let mut client =
-                    C10dClient { stream: Some(stream), addr: addr.into(), prefix: prefix.into(), timeout };
-                client.validate()?;
-                return Ok(client);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Bootstrap(format!(
-                    "no store answered at {addr} within {:.0} s: is torchrun's agent (or rank 0) running, and \
-                     are MASTER_ADDR/MASTER_PORT the same on every rank?",
-                    timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+        let stream = dial(addr, timeout, "is torchrun's agent (or rank 0) running")?;
+        let mut client =
+            C10dClient { stream: Some(stream), addr: addr.into(), prefix: prefix.into(), timeout };
+        client.validate()?;
+        Ok(client)
     }
 
     fn validate(&mut self) -> Result<()> {

@@ -263,6 +263,31 @@ impl KeyValue for StoreClient {
     }
 }
 
+/// A TCP connection to the store at `addr`, retried until `timeout` while nobody listens yet
+/// (the store may start after its clients); `who` names what should be serving it.
+pub(crate) fn dial(addr: &str, timeout: Duration, who: &str) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    let mut delay = Duration::from_millis(10);
+    loop {
+        let attempt = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{addr}': {e}")))?
+            .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
+        if let Some(stream) = attempt {
+            return Ok(stream);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Bootstrap(format!(
+                "no store answered at {addr} within {:.0} s: {who}, and are MASTER_ADDR/MASTER_PORT the same \
+                 on every rank?",
+                timeout.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
 /// A connection to a store.
 pub struct StoreClient {
     stream: TcpStream,
@@ -274,28 +299,10 @@ impl StoreClient {
     /// Connects to the store at `addr` (`host:port`), retrying until `timeout` while the
     /// server is not up yet; `timeout` also bounds every later `get`.
     pub fn connect(addr: &str, auth: &Auth, timeout: Duration) -> Result<StoreClient> {
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(10);
-        loop {
-            let attempt = addr
-                .to_socket_addrs()
-                .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{addr}': {e}")))?
-                .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
-            if let Some(mut stream) = attempt {
-                auth::client(&mut stream, auth, Purpose::Store, addr, timeout.min(Duration::from_secs(30)))?;
-                let _ = stream.set_nodelay(true);
-                return Ok(StoreClient { stream, addr: addr.to_string(), timeout });
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Bootstrap(format!(
-                    "no store answered at {addr} within {:.0} s: is rank 0 (or the launcher) running, and are \
-                     MASTER_ADDR/MASTER_PORT the same on every rank?",
-                    timeout.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_millis(500));
-        }
+        let mut stream = dial(addr, timeout, "is rank 0 (or the launcher) running")?;
+        auth::client(&mut stream, auth, Purpose::Store, addr, timeout.min(Duration::from_secs(30)))?;
+        let _ = stream.set_nodelay(true);
+        Ok(StoreClient { stream, addr: addr.to_string(), timeout })
     }
 
     /// The local address of the connection: an address of this host that reaches the store.
