@@ -215,7 +215,7 @@ class _Completer:
     order (an operation's future completes when xccl's operation does)."""
 
     def __init__(self, name: str):
-        self._queue: "queue.SimpleQueue[Optional[_Work]]" = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue[_Work]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -224,13 +224,7 @@ class _Completer:
 
     def _run(self) -> None:
         while True:
-            work = self._queue.get()
-            if work is None:
-                return
-            work._complete_future()
-
-    def stop(self) -> None:
-        self._queue.put(None)
+            self._queue.get()._complete_future()
 
 
 class ProcessGroupXccl(dist.ProcessGroup):
