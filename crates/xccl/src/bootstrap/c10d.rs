@@ -141,7 +141,7 @@ impl C10dClient {
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.push(query::PING);
         b.extend_from_slice(&nonce.to_le_bytes());
-        let echo = self.exchange(&b, Duration::from_secs(30), "the handshake", |s| read_u32(s))?;
+        let echo = self.exchange(&b, Duration::from_secs(30), "the handshake", read_u32)?;
         if echo != nonce {
             return Err(Error::Bootstrap(format!(
                 "the store at {} answered the handshake with {echo:#x} instead of {nonce:#x}: it does not \
@@ -216,7 +216,7 @@ impl C10dClient {
         // No reply: a PING after it tells that the server took it (and keeps errors near).
         b.push(query::PING);
         b.extend_from_slice(&1u32.to_le_bytes());
-        let echo = self.exchange(&b, Duration::from_secs(30), "a set", |s| read_u32(s))?;
+        let echo = self.exchange(&b, Duration::from_secs(30), "a set", read_u32)?;
         if echo != 1 {
             return Err(Error::Bootstrap(format!("store at {} answered out of turn", self.addr)));
         }
@@ -229,7 +229,7 @@ impl C10dClient {
         let mut b = vec![query::WAIT];
         b.extend_from_slice(&1u64.to_le_bytes());
         put_bytes(&mut b, full.as_bytes());
-        let waited = self.exchange(&b, self.timeout, &format!("'{full}' to be set"), |s| read_u8(s))?;
+        let waited = self.exchange(&b, self.timeout, &format!("'{full}' to be set"), read_u8)?;
         if waited != STOP_WAITING {
             return Err(Error::Bootstrap(format!("store at {} cancelled the wait for '{full}'", self.addr)));
         }
@@ -243,7 +243,7 @@ impl C10dClient {
         let mut b = vec![query::ADD];
         put_bytes(&mut b, self.key(key)?.as_bytes());
         b.extend_from_slice(&delta.to_le_bytes());
-        let v = self.exchange(&b, Duration::from_secs(30), "a counter", |s| read_u64(s))?;
+        let v = self.exchange(&b, Duration::from_secs(30), "a counter", read_u64)?;
         Ok(v as i64)
     }
 
@@ -254,14 +254,14 @@ impl C10dClient {
         for k in keys {
             put_bytes(&mut b, self.key(k)?.as_bytes());
         }
-        Ok(self.exchange(&b, Duration::from_secs(30), "a check", |s| read_u8(s))? == READY)
+        Ok(self.exchange(&b, Duration::from_secs(30), "a check", read_u8)? == READY)
     }
 
     /// Deletes `key`; whether it existed.
     pub fn delete(&mut self, key: &str) -> Result<bool> {
         let mut b = vec![query::DELETE_KEY];
         put_bytes(&mut b, self.key(key)?.as_bytes());
-        Ok(self.exchange(&b, Duration::from_secs(30), "a delete", |s| read_u64(s))? > 0)
+        Ok(self.exchange(&b, Duration::from_secs(30), "a delete", read_u64)? > 0)
     }
 }
 
