@@ -8,10 +8,14 @@ const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 /// One rank of `xccl train` (as a launcher would start it) with `XCCL_BACKEND=backend`.
 fn worker_with(backend: &str) -> Output {
     Command::new(XCCL)
-        .args(["train", "--digits", "2", "--width", "16", "--layers", "1", "--heads", "2", "--steps", "1"])
+        .args([
+            "train", "--digits", "2", "--width", "16", "--layers", "1", "--heads", "2", "--steps", "1",
+            "--dp", "1",
+        ])
         .arg("--out")
         .arg(std::env::temp_dir().join(format!("xccl-backend-env-{}", std::process::id())))
-        .arg("--worker")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
         .env("XCCL_BACKEND", backend)
         .output()
         .expect("run xccl train")

@@ -181,7 +181,8 @@ pub fn run(args: &TrainArgs, external: Option<&'static str>) -> ExitCode {
         let threads = number("RAYON_NUM_THREADS").ok().flatten().unwrap_or(cores);
         println!("{}", super::header(args, &config, task.as_ref(), threads));
     }
-    let world = match xccl::Config::from_env().and_then(|c| Communicator::connect(&rv, c)) {
+    // From the environment again, so that XCCL_BACKEND (MPI) is honoured.
+    let world = match xccl::Config::from_env().and_then(Communicator::from_env_with) {
         Ok(w) => w,
         Err(e) => return fail(1, e.to_string()),
     };
