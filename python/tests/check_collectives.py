@@ -9,11 +9,11 @@ independent of xccl. Prints one line per rank and exits non-zero on the first fa
 """
 
 import sys
-import threading
 
 import numpy as np
 
 import xccl
+from ranks import in_threads
 
 OPS = ["sum", "prod", "min", "max", "avg"]
 
@@ -255,27 +255,7 @@ def main(comm):
     print(f"rank {comm.rank}: {checks} checks ok" + "\n", end="", flush=True)
 
 
-def in_threads(n):
-    comms = xccl.Communicator.local(n)
-    errors = []
-
-    def rank(c):
-        try:
-            main(c)
-        except BaseException as e:  # reported below, with the rank
-            errors.append((c.rank, e))
-            raise
-
-    threads = [threading.Thread(target=rank, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["threads"]:
-        failed = in_threads(3)
-        sys.exit(1 if failed else 0)
+        sys.exit(in_threads(3, main))
     main(xccl.Communicator.from_env())

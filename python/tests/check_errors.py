@@ -13,11 +13,11 @@ Each rank prints "rank R: ok <what>" for every check that passed; a failed check
 import os
 import signal
 import sys
-import threading
 
 import numpy as np
 
 import xccl
+from ranks import in_threads
 
 
 def expect(cls, fn, *needles):
@@ -127,25 +127,6 @@ def lost(comm):
     e = expect(xccl.PeerLostError, w.wait, "rank 2")
     assert e.rank == 2 and w.is_completed()
     print(f"rank {r}: ok later operations raise PeerLostError too" + "\n", end="", flush=True)
-
-
-def in_threads(n, fn):
-    comms = xccl.Communicator.local(n)
-    failed = []
-
-    def rank(c):
-        try:
-            fn(c)
-        except BaseException:
-            failed.append(c.rank)
-            raise
-
-    threads = [threading.Thread(target=rank, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ def close(a, b, what):
         raise AssertionError(f"rank {dist.get_rank()}: {what}: xccl {a.flatten()[:8]} != gloo {b.flatten()[:8]}")
 
 
-def data(shape, dtype, salt):
-    g = torch.Generator().manual_seed(1000 * dist.get_rank() + salt)
+def data(shape, dtype, salt, rank=None):
+    """Rank `rank`'s (default: this rank's) test values."""
+    rank = dist.get_rank() if rank is None else rank
+    g = torch.Generator().manual_seed(1000 * rank + salt)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
     hi = 4 if dtype == torch.uint8 else 100
@@ -135,17 +137,13 @@ def main():
     reqs = [dist.isend(x, right), dist.irecv(y, left)]
     for r in reqs:
         r.wait()
-    expect = data((17,), torch.float64, 0)  # placeholder, replaced below
-    g = torch.Generator().manual_seed(1000 * left + 40)
-    expect = torch.randn((17,), generator=g, dtype=torch.float64)
-    close(y, expect, "isend/irecv ring")
+    close(y, data((17,), torch.float64, 40, rank=left), "isend/irecv ring")
     if rank == 0:
         dist.send(x, 1)
     elif rank == 1:
         z = torch.zeros(17, dtype=torch.float64)
         dist.recv(z, 0)
-        g = torch.Generator().manual_seed(40)
-        close(z, torch.randn((17,), generator=g, dtype=torch.float64), "send/recv")
+        close(z, data((17,), torch.float64, 40, rank=0), "send/recv")
     dist.barrier()
     # A sub-group of the even ranks, created by every rank as new_group requires.
     evens = list(range(0, n, 2))

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 import xccl
+from ranks import in_threads
 
 
 def main(comm):
@@ -128,19 +129,4 @@ def main(comm):
 
 
 if __name__ == "__main__":
-    comms = xccl.Communicator.local(2)
-    failed = []
-
-    def rank(c):
-        try:
-            main(c)
-        except BaseException:
-            failed.append(c.rank)
-            raise
-
-    threads = [threading.Thread(target=rank, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    sys.exit(1 if failed else 0)
+    sys.exit(in_threads(2, main))

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{param_bits as params, run_ok as ok, text, torch_python};
+use common::{mpirun_env, param_bits as params, run_ok as ok, text, torch_python};
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
@@ -291,11 +291,8 @@ fn xccl_train_as_ranks_of_mpirun_equals_xccl_train_launching_itself() {
         .arg("--out")
         .arg(&dir)
         .env("XCCL_TIMEOUT", "60")
-        .env("RAYON_NUM_THREADS", "1")
-        // Open MPI's switches (other MPIs ignore them): root in containers, more ranks than
-        // cores on small machines.
-        .envs([("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")])
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+        .env("RAYON_NUM_THREADS", "1");
+    mpirun_env(&mut cmd);
     let out = ok(&mut cmd);
     assert!(String::from_utf8_lossy(&out.stdout).contains("final loss"), "{}", text(&out));
     assert_eq!(params(&dir), reference, "under mpirun, the parameters differ");

@@ -10,6 +10,10 @@ use std::process::{Command, Output};
 
 use xccl_train::checkpoint::{DIR_NAME, read_params};
 
+mod common;
+
+use common::{mpirun_env, text};
+
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
 /// The tiny model and task of `tests/train.rs`.
@@ -24,13 +28,7 @@ fn out_dir(name: &str) -> PathBuf {
 }
 
 fn ok(what: &str, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{what}: status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{what}: {}", text(out));
 }
 
 /// The final parameters a run left in its checkpoint, by name.
@@ -60,8 +58,8 @@ fn mpirun() -> String {
 
 /// The ranks of `xccl train` started by mpirun, on the MPI backend.
 fn under_mpirun(ranks: usize, out: &Path, args: &[&str]) -> Output {
-    Command::new(mpirun())
-        .args(["-np", &ranks.to_string()])
+    let mut cmd = Command::new(mpirun());
+    cmd.args(["-np", &ranks.to_string()])
         .arg(XCCL)
         .arg("train")
         .args(TINY)
@@ -70,21 +68,8 @@ fn under_mpirun(ranks: usize, out: &Path, args: &[&str]) -> Output {
         .arg(out)
         .arg("--worker")
         .env("XCCL_BACKEND", "mpi")
-        .env("RAYON_NUM_THREADS", "1")
-        // Open MPI: run as root in containers, more ranks than cores, shared memory and TCP
-        // on loopback only (MPICH ignores these).
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .env("OMPI_MCA_pml", "ob1")
-        .env("OMPI_MCA_btl", "self,vader,tcp")
-        .env("OMPI_MCA_btl_tcp_if_include", "lo")
-        .env("OMPI_MCA_oob_tcp_if_include", "lo")
-        // MPICH 4.0.2 (Debian 12) crashes in its shared-memory MPI_Reduce with MPI_IN_PLACE
-        // at the root (a plain C program does too); its generic collectives are fine.
-        .env("MPIR_CVAR_DEVICE_COLLECTIVES", "none")
-        .output()
-        .expect("run mpirun")
+        .env("RAYON_NUM_THREADS", "1");
+    mpirun_env(&mut cmd).output().expect("run mpirun")
 }
 
 #[test]

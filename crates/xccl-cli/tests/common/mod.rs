@@ -60,3 +60,20 @@ pub fn torch_python() -> Option<PathBuf> {
     }
     found
 }
+
+/// Settings for `mpirun` in tests: Open MPI as root in containers, more ranks than cores,
+/// shared memory and TCP on loopback only; MPICH 4.0.2 (Debian 12), which crashes in its
+/// shared-memory `MPI_Reduce` with `MPI_IN_PLACE` at the root (a plain C program does
+/// too), on its generic collectives. Each MPI ignores the other's variables.
+pub fn mpirun_env(cmd: &mut Command) -> &mut Command {
+    cmd.envs([
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+        ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
+        ("OMPI_MCA_pml", "ob1"),
+        ("OMPI_MCA_btl", "self,vader,tcp"),
+        ("OMPI_MCA_btl_tcp_if_include", "lo"),
+        ("OMPI_MCA_oob_tcp_if_include", "lo"),
+        ("MPIR_CVAR_DEVICE_COLLECTIVES", "none"),
+    ])
+}
