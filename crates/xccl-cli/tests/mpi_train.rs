@@ -66,7 +66,6 @@ fn under_mpirun(ranks: usize, out: &Path, args: &[&str]) -> Output {
         .args(args)
         .arg("--out")
         .arg(out)
-        .arg("--worker")
         .env("XCCL_BACKEND", "mpi")
         .env("RAYON_NUM_THREADS", "1");
     mpirun_env(&mut cmd).output().expect("run mpirun")
