@@ -5,6 +5,9 @@
 #
 #   bash bench/compare_shm.sh [REPS]                    (default 3 repetitions)
 #   OUT=/tmp/x NPS="2" SIZES=8,1M,64M bash bench/compare_shm.sh 1
+#   BEFORE=/path/to/old/xccl bash bench/compare_shm.sh 5  (also an older build, interleaved:
+#                                                       the summary compares the two row by row
+#                                                       against the noise band measured)
 #
 # Needs the peers (../shared/bench/peers/install_peers.sh: Open MPI, MPICH, a venv with torch
 # in /tmp/peers-venv). Every command runs under the peers' prio_run.sh (own scheduler
@@ -60,7 +63,14 @@ for rep in $(seq 1 "$REPS"); do
       > "$OUT/ompi_n${np}_r$rep.txt" 2>&1
     "$PRIO" mpirun.mpich -np "$np" "$BIN/mpi_coll_mpich" -s "$SIZES" -t "$TARGET_SEC" \
       > "$OUT/mpich_n${np}_r$rep.txt" 2>&1
+    # With an older build, the two take turns going first.
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then
+      XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+    fi
     xccl_all "$OUT/xccl_n${np}_r$rep.txt" "$np"
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then
+      XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+    fi
     COLLS=all_reduce xccl_all "$OUT/xcclinplace_n${np}_r$rep.txt" "$np" --inplace
   done
 done

@@ -14,8 +14,8 @@ from collections import defaultdict
 OUT = sys.argv[1]
 CANON = {"all_reduce": "allreduce", "all_gather": "allgather", "broadcast": "bcast", "all_to_all": "alltoall"}
 OPS = ["allreduce", "allgather", "reduce_scatter", "bcast", "alltoall"]
-IMPLS = [("xccl", "xccl"), ("xcclinplace", "xccl in place"), ("ompi", "Open MPI"), ("mpich", "MPICH"),
-         ("gloo", "gloo (in place)")]
+IMPLS = [("xccl", "xccl"), ("before", "xccl before"), ("xcclinplace", "xccl in place"), ("ompi", "Open MPI"),
+         ("mpich", "MPICH"), ("gloo", "gloo (in place)")]
 
 rows = defaultdict(list)  # (impl, n, op, size) -> [(time_us, busbw, wrong)]
 algo = {}  # (n, op, size) -> xccl's algorithm
@@ -111,6 +111,16 @@ for n in ns:
         checks.append((f"1 MiB all-reduce, {n} ranks: busbw ≥ Open MPI ({o:.2f})", f"{x:.2f} GB/s",
                        f"{x / o:.2f}×", x >= o))
     if n == 2:
+        for size in (8, 1 << 10):
+            x, o = med("xccl", n, "allreduce", size, 0), med("ompi", n, "allreduce", size, 0)
+            if None not in (x, o):
+                checks.append((f"{fmt_size(size)} all-reduce, 2 ranks: time ≤ Open MPI ({o:.2f} µs)", f"{x:.2f} µs",
+                               f"{x / o:.2f}×", x <= o))
+        x = med("xccl", n, "allreduce", M64, 1)
+        if x is not None:
+            m = ratio(x, memcpy_gbs)
+            checks.append((f"64 MiB all-reduce, 2 ranks: busbw ≥ 45% of memcpy ({memcpy_gbs:.2f})", f"{x:.2f} GB/s",
+                           f"{100 * m:.0f}%", m >= 0.45))
         x, o, mp = (med(i, n, "allreduce", 8, 0) for i in ("xccl", "ompi", "mpich"))
         if None not in (x, o, mp):
             checks.append((f"8 B all-reduce, 2 ranks: time ≤ MPICH ({mp:.2f} µs)", f"{x:.2f} µs", f"{x / mp:.2f}×",
@@ -129,3 +139,24 @@ print("| target | xccl | ratio | met |")
 print("|---|---|---|---|")
 for t, m, r, ok in checks:
     print(f"| {t} | {m} | {r} | {'yes' if ok else '**no**'} |")
+
+# Before and after: each row's median time against the older build's, and the noise band, the
+# larger spread (max-min over median) of the two builds' repetitions of that row.
+pairs = sorted(k for k in rows if k[0] == "xccl" and ("before",) + k[1:] in rows)
+if pairs:
+    print("\n### Before and after\n")
+    print("| ranks | collective | size | before µs | after µs | after/before | noise band | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    bands = []
+    worse = 0
+    for _, n, op, size in pairs:
+        a = [x[0] for x in rows[("xccl", n, op, size)]]
+        b = [x[0] for x in rows[("before", n, op, size)]]
+        ma, mb = statistics.median(a), statistics.median(b)
+        band = max((max(v) - min(v)) / statistics.median(v) for v in (a, b))
+        bands.append(band)
+        r = ma / mb
+        verdict = "within noise" if abs(r - 1) <= band else ("faster" if r < 1 else "**slower**")
+        worse += verdict == "**slower**"
+        print(f"| {n} | {op} | {fmt_size(size)} | {mb:.2f} | {ma:.2f} | {r:.3f} | ±{100 * band:.0f}% | {verdict} |")
+    print(f"\nNoise band (median over rows): ±{100 * statistics.median(bands):.0f}%; rows slower beyond it: {worse}.")

@@ -10,6 +10,7 @@
 use std::time::Instant;
 
 use xccl::algo::{Algorithm, Shape};
+use xccl::protocol::{Protocol, ProtocolPolicy};
 use xccl::schedule::Blocks;
 use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
 
@@ -172,6 +173,13 @@ pub struct BenchArgs {
     /// beside the measured one; `*` marks the tuner's pick.
     #[arg(long)]
     pub every_algo: bool,
+    /// The protocols allowed, as `XCCL_PROTO` takes them (`stream`, `ll,eager`, ...).
+    #[arg(long, conflicts_with = "every_proto")]
+    pub proto: Option<String>,
+    /// Also run each protocol on its own (`algo/proto` rows; `auto` lets the executor
+    /// choose per message, as it does by default); with `--every-algo`, for every algorithm.
+    #[arg(long)]
+    pub every_proto: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -186,6 +194,9 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
         ));
     }
     let mut config = Config::from_env()?;
+    if let Some(spec) = &args.proto {
+        config.protocols = ProtocolPolicy::parse(spec)?;
+    }
     if let Some(algo) = args.algo {
         let kind = args
             .coll
@@ -213,9 +224,13 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
                 "native" => "tcp",
                 other => other,
             };
-            if transport == "mpi" && (args.algo.is_some() || args.every_algo) {
+            if transport == "mpi"
+                && (args.algo.is_some() || args.every_algo || args.proto.is_some() || args.every_proto)
+            {
                 return Err(xccl::Error::Config(
-                    "--algo and --every-algo choose xccl's algorithms; the MPI backend runs MPI's".into(),
+                    "--algo, --every-algo, --proto and --every-proto choose xccl's algorithms and protocols; \
+                     the MPI backend runs MPI's"
+                        .into(),
                 ));
             }
             bench_rank(&comm, args, transport)
@@ -517,28 +532,50 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         "tmax(us)",
         "iters"
     ));
-    // With --every-algo, one duplicate communicator per algorithm, each forced to it.
+    // With --every-algo or --every-proto, one duplicate communicator per algorithm and
+    // protocol, each forced to it.
     let kind = args.coll.kind();
+    let sweep = args.every_algo || args.every_proto;
+    let algos: Vec<Option<Algorithm>> = match (args.every_algo, kind) {
+        (false, _) => vec![None],
+        (true, None) => return Err(xccl::Error::Config("--every-algo does not apply to sendrecv".into())),
+        (true, Some(kind)) => Algorithm::for_collective(kind)
+            .iter()
+            .filter(|a| a.supports(kind, n, &Shape::Count(1)))
+            .map(|a| Some(*a))
+            .collect(),
+    };
+    let protos: Vec<Option<Protocol>> = if args.every_proto {
+        std::iter::once(None).chain(Protocol::ALL.into_iter().map(Some)).collect()
+    } else {
+        vec![None]
+    };
     let mut forced = Vec::new();
-    if args.every_algo {
-        let kind =
-            kind.ok_or_else(|| xccl::Error::Config("--every-algo does not apply to sendrecv".into()))?;
-        for &algo in Algorithm::for_collective(kind) {
-            if algo.supports(kind, n, &Shape::Count(1)) {
+    if sweep {
+        for algo in &algos {
+            for proto in &protos {
                 let mut config = c.config().clone();
-                config.algos.set(kind, algo)?;
-                forced.push((Some(algo), c.dup_with(config)?));
+                if let (Some(algo), Some(kind)) = (algo, kind) {
+                    config.algos.set(kind, *algo)?;
+                }
+                if let Some(p) = proto {
+                    config.protocols = ProtocolPolicy::parse(p.name())?;
+                }
+                forced.push((*algo, *proto, c.dup_with(config)?));
             }
         }
     }
-    let runs: Vec<(Option<Algorithm>, &Communicator)> =
-        if args.every_algo { forced.iter().map(|(a, comm)| (*a, comm)).collect() } else { vec![(None, c)] };
+    let runs: Vec<(Option<Algorithm>, Option<Protocol>, &Communicator)> = if sweep {
+        forced.iter().map(|(a, p, comm)| (*a, *p, comm)).collect()
+    } else {
+        vec![(None, None, c)]
+    };
     let mut bus_sum = 0.0;
     let mut rows = 0usize;
     let mut wrong_total = 0usize;
     for bytes in sizes(args) {
         let mut measured = Vec::new();
-        for (forced_algo, comm) in &runs {
+        for (forced_algo, forced_proto, comm) in &runs {
             let (row, shape) = measure::<T>(comm, args, bytes)?;
             bus_sum += row.busbw;
             rows += 1;
@@ -549,8 +586,17 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
                     let choice = c.algorithm_for_shape(kind, &shape, args.dtype, args.root)?;
                     let algo = forced_algo.unwrap_or(choice.algo);
                     let pred = choice.ranking.iter().find(|(a, _)| *a == algo).map_or(f64::NAN, |p| p.1);
-                    let mark = if args.every_algo && algo == choice.algo { "*" } else { "" };
-                    (format!("{algo}{mark}"), pred)
+                    let mark = if args.every_algo && algo == choice.algo && forced_proto.is_none() {
+                        "*"
+                    } else {
+                        ""
+                    };
+                    let proto = match (args.every_proto, forced_proto) {
+                        (false, _) => String::new(),
+                        (true, Some(p)) => format!("/{p}"),
+                        (true, None) => "/auto".into(),
+                    };
+                    (format!("{algo}{proto}{mark}"), pred)
                 }
                 None => ("p2p".to_string(), f64::NAN),
             };
@@ -571,7 +617,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
             ));
             measured.push((algo, row.tavg));
         }
-        if args.every_algo
+        if sweep
             && let (Some(best), Some(pick)) = (
                 measured.iter().min_by(|a, b| a.1.total_cmp(&b.1)),
                 measured.iter().find(|(a, _)| a.ends_with('*')),

@@ -91,6 +91,8 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             inplace: false,
             algo: None,
             every_algo: false,
+            proto: None,
+            every_proto: false,
         };
         let mut k = bench::case::<f32>(&c, &args, bytes);
         bench::run_once(&c, &args, &mut k)?;

@@ -158,6 +158,8 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             inplace: false,
             algo: None,
             every_algo: false,
+            proto: None,
+            every_proto: false,
         };
         for &algo in Algorithm::for_collective(kind) {
             if !algo.supports(kind, c.size(), &Shape::Count(1)) {
@@ -287,7 +289,7 @@ fn parse_records(files: &[PathBuf]) -> xccl::Result<Vec<Record>> {
                 let here: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == *h).collect();
                 here.len() > cores[here[0]]
             });
-            let topo = Topology { hosts, cores, intra, inter };
+            let topo = Topology::new(hosts, cores, intra, inter);
             let costing = Costing::new(&topo, kind, algo, root, &Shape::Count(count), esize)?;
             let group = format!(
                 "{} ranks, {} (cores {})",
@@ -344,7 +346,16 @@ fn from_params(p: &[f64], keys: &Keys) -> CostModel {
             bandwidth: p[14 + 2 * k].exp(),
         })
         .collect();
-    CostModel { local: class(0), shm: class(4), tcp: class(8), switch: p[12].exp() * 1e-6, efficiency }
+    // Protocol factors are not fitted: they stay the reference machine's.
+    let protocols = CostModel::default().protocols;
+    CostModel {
+        local: class(0),
+        shm: class(4),
+        tcp: class(8),
+        switch: p[12].exp() * 1e-6,
+        efficiency,
+        protocols,
+    }
 }
 
 /// Squared log error of the predictions, plus the prior on the factors.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::algo::AlgoOverrides;
 use crate::algo::tune::CostModel;
 use crate::error::{Error, Result};
+use crate::protocol::ProtocolPolicy;
 
 /// How a communicator behaves. [`Config::from_env`] reads:
 ///
@@ -12,6 +13,7 @@ use crate::error::{Error, Result};
 /// |---|---|---|
 /// | `XCCL_TIMEOUT` | seconds an operation may wait without progress | 300 |
 /// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none (the tuner picks) |
+/// | `XCCL_PROTO` | the protocols allowed (see [`protocol`](crate::protocol)), e.g. `stream` or `allreduce:ll,broadcast:pull` | all |
 /// | `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` | the tuner's constants per link class: `alpha_us,beta_gbps,gamma_gbps,delta_gbps` | measured on the reference machine |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
@@ -25,6 +27,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Algorithm overrides per collective.
     pub algos: AlgoOverrides,
+    /// The protocols each collective may use (every rank must allow the same).
+    pub protocols: ProtocolPolicy,
     /// The tuner's cost constants (they must be the same on every rank).
     pub costs: CostModel,
     /// Largest frame payload on socket links, in bytes.
@@ -56,12 +60,13 @@ impl Default for Config {
         Config {
             timeout: Duration::from_secs(300),
             algos: AlgoOverrides::default(),
+            protocols: ProtocolPolicy::default(),
             costs: CostModel::default(),
             tcp_segment: 1 << 20,
             max_unexpected: 256 << 20,
             shm: true,
             shm_ring: None,
-            pull_min: 64 << 10,
+            pull_min: crate::protocol::PULL_MIN,
         }
     }
 }
@@ -84,6 +89,9 @@ impl Config {
         }
         if let Some(v) = lookup("XCCL_ALGO") {
             c.algos = AlgoOverrides::parse(&v)?;
+        }
+        if let Some(v) = lookup("XCCL_PROTO") {
+            c.protocols = ProtocolPolicy::parse(&v)?;
         }
         c.costs = CostModel::from_lookup(&lookup)?;
         if let Some(v) = lookup("XCCL_SEGMENT_BYTES") {

@@ -10,6 +10,8 @@
 
 use std::fmt;
 
+use crate::algo::Algorithm;
+use crate::coll::CollKind;
 use crate::dtype::DType;
 use crate::reduce::ReduceOp;
 
@@ -58,73 +60,6 @@ pub(crate) enum FrameKind {
 pub(crate) const PULL_LEN: usize = 16;
 pub(crate) const ACK_LEN: usize = 8;
 
-/// Which operation a rank is running. Travels in headers and names operations in errors.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum CollKind {
-    /// Point-to-point message (`send`/`recv`).
-    SendRecv = 0,
-    /// `broadcast`
-    Broadcast = 1,
-    /// `scatter`
-    Scatter = 2,
-    /// `gather`
-    Gather = 3,
-    /// `reduce`
-    Reduce = 4,
-    /// `all_reduce`
-    AllReduce = 5,
-    /// `all_gather` and `all_gather_v`
-    AllGather = 6,
-    /// `reduce_scatter`
-    ReduceScatter = 7,
-    /// `all_to_all` and `all_to_all_v`
-    AllToAll = 8,
-    /// `barrier`
-    Barrier = 9,
-}
-
-impl CollKind {
-    const ALL: [CollKind; 10] = [
-        CollKind::SendRecv,
-        CollKind::Broadcast,
-        CollKind::Scatter,
-        CollKind::Gather,
-        CollKind::Reduce,
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::AllToAll,
-        CollKind::Barrier,
-    ];
-
-    /// The API name (`all_reduce`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            CollKind::SendRecv => "send/recv",
-            CollKind::Broadcast => "broadcast",
-            CollKind::Scatter => "scatter",
-            CollKind::Gather => "gather",
-            CollKind::Reduce => "reduce",
-            CollKind::AllReduce => "all_reduce",
-            CollKind::AllGather => "all_gather",
-            CollKind::ReduceScatter => "reduce_scatter",
-            CollKind::AllToAll => "all_to_all",
-            CollKind::Barrier => "barrier",
-        }
-    }
-
-    fn from_tag(tag: u8) -> Option<CollKind> {
-        CollKind::ALL.get(tag as usize).copied()
-    }
-}
-
-impl fmt::Display for CollKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The identity of one collective call: what every rank must agree on.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) struct OpDesc {
@@ -137,7 +72,7 @@ pub(crate) struct OpDesc {
     pub count: u64,
     pub root: Option<u32>,
     /// Which algorithm's schedule runs (ranks must run the same one).
-    pub algo: u8,
+    pub algo: Algorithm,
 }
 
 impl OpDesc {
@@ -155,27 +90,32 @@ impl OpDesc {
             self.op.map_or(u8::MAX, |o| o as u8),
             self.count,
             self.root.unwrap_or(NO_ROOT),
-            self.algo,
+            self.algo as u8,
         )
     }
 }
 
 impl fmt::Display for OpDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} #{} ({}", self.kind, self.seq, self.dtype)?;
-        if self.count != u64::MAX {
-            write!(f, " x {}", self.count)?;
-        } else {
-            write!(f, ", uneven counts")?;
-        }
-        if let Some(op) = self.op {
-            write!(f, ", {op}")?;
-        }
-        if let Some(root) = self.root {
-            write!(f, ", root {root}")?;
-        }
-        write!(f, ", {})", crate::algo::Algorithm::name_of(self.algo))
+        describe(f, self, self.algo.name())
     }
+}
+
+/// Writes `desc` as `all_reduce #5 (f32 x 8, sum, ring)`, with `algo` named as given.
+fn describe(f: &mut fmt::Formatter<'_>, desc: &OpDesc, algo: &str) -> fmt::Result {
+    write!(f, "{} #{} ({}", desc.kind, desc.seq, desc.dtype)?;
+    if desc.count != u64::MAX {
+        write!(f, " x {}", desc.count)?;
+    } else {
+        write!(f, ", uneven counts")?;
+    }
+    if let Some(op) = desc.op {
+        write!(f, ", {op}")?;
+    }
+    if let Some(root) = desc.root {
+        write!(f, ", root {root}")?;
+    }
+    write!(f, ", {algo})")
 }
 
 /// A decoded frame header.
@@ -344,6 +284,7 @@ impl Header {
                 self.seq, self.step, self.dtype, self.count, self.total
             );
         }
+        let algo = Algorithm::from_tag(self.algo);
         let desc = OpDesc {
             kind: self.coll,
             seq: self.seq,
@@ -351,9 +292,15 @@ impl Header {
             op: ReduceOp::from_tag(self.op),
             count: self.count,
             root: (self.root != NO_ROOT).then_some(self.root),
-            algo: self.algo,
+            algo: algo.unwrap_or(Algorithm::Ring),
         };
-        desc.to_string()
+        struct Described<'a>(&'a OpDesc, &'a str);
+        impl fmt::Display for Described<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                describe(f, self.0, self.1)
+            }
+        }
+        Described(&desc, algo.map_or("unknown algorithm", Algorithm::name)).to_string()
     }
 
     /// Whether this frame belongs to collective `desc` (all agreed fields equal).
@@ -374,7 +321,7 @@ mod tests {
             op: Some(ReduceOp::Max),
             count: 1 << 33,
             root: None,
-            algo: 1,
+            algo: Algorithm::Ring,
         };
         let mut h = Header::data(0xdead_beef_cafe, &desc, 7, 3);
         h.total = 1 << 34;

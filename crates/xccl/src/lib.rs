@@ -55,12 +55,14 @@
 
 pub mod algo;
 pub mod bootstrap;
+mod coll;
 mod comm;
 mod config;
 mod dtype;
 mod error;
 mod exec;
 mod frame;
+pub mod protocol;
 mod reduce;
 pub mod schedule;
 mod stream;
@@ -68,11 +70,11 @@ mod transport;
 pub mod verify;
 mod work;
 
+pub use coll::CollKind;
 pub use comm::Communicator;
 pub use config::{Config, parse_bytes};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use frame::CollKind;
 pub use reduce::{ReduceOp, reference_reduce};
 pub use work::{Buffer, Event, OpSpan, Work};
 

@@ -5,9 +5,11 @@
 //! contributions it is made of (element `i` of rank `q`'s input), or garbage. Sends copy
 //! values into per-pair FIFO channels; receives take them out, checking that the message is
 //! the one the receiver expects (same step, same message index, same length), and copy or
-//! merge them in. Operations inside a step run in any order the executor's ordering rule
-//! allows (operations touching overlapping memory follow each other; sends to one peer leave,
-//! and receives from one peer arrive, in operation order), so a schedule that would deadlock
+//! merge them in. Operations inside a step run in any order the step ordering rule allows
+//! (`schedule::order`, the same statement the executor runs by: operations touching
+//! overlapping memory follow each other; sends to one peer leave, and receives from one peer
+//! arrive, in operation order); the verifier runs each operation whole, which is at least as
+//! strict as the executor's segment-by-segment order, so a schedule that would deadlock
 //! stops the run with the ranks stuck and what they wait for. At the end no message may be
 //! left unread and every rank's output must hold exactly what the collective promises:
 //! all-reduce, every contribution exactly once; reduce-scatter (even or uneven blocks), block
@@ -19,7 +21,8 @@ use std::fmt;
 use std::rc::Rc;
 
 use crate::algo::{self, Algorithm, Shape};
-use crate::frame::CollKind;
+use crate::coll::CollKind;
+use crate::schedule::order::StepOrder;
 use crate::schedule::{Blocks, Buf, Op, Program, Region};
 
 /// One contribution: element `index` of rank `rank`'s input.
@@ -164,25 +167,6 @@ impl RankState {
     }
 }
 
-/// The memory an operation reads and writes.
-fn footprint(op: &Op) -> (Vec<Region>, Option<Region>) {
-    (op.reads().collect(), op.writes())
-}
-
-fn overlap(a: (u8, usize, usize), b: (u8, usize, usize)) -> bool {
-    a.0 == b.0 && a.1 < b.1 + b.2 && b.1 < a.1 + a.2
-}
-
-/// Whether `later` must wait for `earlier` by the ordering rule.
-fn ordered(st: &RankState, earlier: &Op, later: &Op, in_place: bool) -> bool {
-    let (er, ew) = footprint(earlier);
-    let (lr, lw) = footprint(later);
-    let place = |r: Region| st.place(r, in_place);
-    let ew_hits = ew.is_some_and(|w| lr.iter().chain(lw.iter()).any(|&r| overlap(place(w), place(r))));
-    let lw_hits = lw.is_some_and(|w| er.iter().any(|&r| overlap(place(w), place(r))));
-    ew_hits || lw_hits
-}
-
 /// Runs the case with the schedules of its algorithm; returns what it took, or what went
 /// wrong.
 pub fn verify(case: &Case) -> Result<Stats, String> {
@@ -288,22 +272,17 @@ fn advance(
             return Ok(progress);
         }
         let ops = st.program.steps[st.step].ops.clone();
+        let order = StepOrder::of(&st.program.steps[st.step], in_place)
+            .map_err(|e| format!("rank {r} step {}: {e}", st.step))?;
         let mut ran_one = false;
         for j in 0..ops.len() {
             if ranks[r].ran[j] {
                 continue;
             }
             let st = &ranks[r];
-            let blocked_by_order = (0..j).any(|i| !st.ran[i] && ordered(st, &ops[i], &ops[j], in_place));
-            let fifo_blocked = (0..j).any(|i| {
-                !st.ran[i]
-                    && match (&ops[i], &ops[j]) {
-                        (Op::Send { peer: a, .. }, Op::Send { peer: b, .. }) => a == b,
-                        (Op::Recv { peer: a, .. }, Op::Recv { peer: b, .. }) => a == b,
-                        _ => false,
-                    }
-            });
-            if blocked_by_order || fifo_blocked {
+            // Whatever the one ordering rule says op j follows must have run (the verifier runs
+            // operations whole, at least as strict as the executor's segment order).
+            if order.follows(j).iter().any(|&(i, _)| !st.ran[i]) {
                 continue;
             }
             let step = st.step;
@@ -568,18 +547,8 @@ pub struct Cell {
     pub failure: Option<String>,
 }
 
-/// The collectives with schedules.
-pub const COLLECTIVES: [CollKind; 9] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-    CollKind::AllToAll,
-    CollKind::Scatter,
-    CollKind::Gather,
-    CollKind::Barrier,
-];
+/// The collectives with schedules, in the order `xccl verify` reports them.
+pub const COLLECTIVES: [CollKind; 9] = CollKind::COLLECTIVES;
 
 /// Verifies every algorithm of every collective on world sizes `1..=max_n`, calling `report`
 /// with each cell as it is done.

@@ -260,3 +260,32 @@ fn every_algorithm_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn every_protocol_matches_the_reference() {
+    // Each protocol forced on its own (with stream, the fallback, where it does not apply),
+    // at sizes on both sides of the LL, eager, pull and split thresholds.
+    let lens = [0usize, 1, 9, 1024, 1025, 20_000, 300_000];
+    for proto in xccl::protocol::Protocol::ALL {
+        for kind in [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+            CollKind::AllToAll,
+        ] {
+            for n in [2, 3, 5] {
+                let mut config = test_config();
+                config.protocols = xccl::protocol::ProtocolPolicy::parse(proto.name()).unwrap();
+                on_ranks(n, config, |c| {
+                    for &len in &lens {
+                        let root = (len + 1) % n;
+                        let what = format!("{kind} by protocol {proto}, n {n}, len {len}");
+                        run_and_check::<f32>(c, kind, len, root, &what);
+                        run_and_check::<u8>(c, kind, len / 3, root, &what);
+                    }
+                });
+            }
+        }
+    }
+}

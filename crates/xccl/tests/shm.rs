@@ -9,10 +9,20 @@ use std::time::{Duration, Instant};
 use common::*;
 use xccl::algo::Algorithm;
 use xccl::bootstrap::{Auth, Rendezvous, StoreServer};
+use xccl::protocol::{Protocol, ProtocolPolicy};
 use xccl::{CollKind, Communicator, Config, ReduceOp};
 
 /// Runs `f` on ranks connected through a fresh store; rank `r` sits on host `hosts[r]`.
 fn on_hosts<R: Send>(hosts: &[&str], config: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+    on_hosts_with(hosts, &vec![config; hosts.len()], f)
+}
+
+/// Like [`on_hosts`], with rank `r` configured by `configs[r]`.
+fn on_hosts_with<R: Send>(
+    hosts: &[&str],
+    configs: &[Config],
+    f: impl Fn(&Communicator) -> R + Sync,
+) -> Vec<R> {
     let n = hosts.len();
     let auth = Auth::new(format!("shm-test-{}-{}", std::process::id(), hosts.join("")), "s").unwrap();
     let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
@@ -32,7 +42,7 @@ fn on_hosts<R: Send>(hosts: &[&str], config: Config, f: impl Fn(&Communicator) -
                     host: hosts[r].to_string(),
                     launcher: "test",
                 };
-                let (config, f) = (config.clone(), &f);
+                let (config, f) = (configs[r].clone(), &f);
                 s.spawn(move || f(&Communicator::connect(&rv, config).expect("connect")))
             })
             .collect();
@@ -128,6 +138,34 @@ fn mixed_jobs_use_shared_memory_inside_hosts_and_tcp_between() {
         odd.all_reduce(&mut v, ReduceOp::Sum).unwrap();
         assert_eq!(v[0], (0..5).filter(|q| q % 2 == c.rank() % 2).sum::<usize>() as i32);
     });
+}
+
+#[test]
+fn every_protocol_over_shared_memory_and_tcp_matches_the_reference() {
+    for proto in Protocol::ALL {
+        let mut config = test_config();
+        config.protocols = ProtocolPolicy::parse(proto.name()).unwrap();
+        on_hosts(&["one"; 3], config.clone(), subset);
+        on_hosts(&["a", "a", "b"], config, subset);
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_the_protocol_fail_with_a_mismatch_instead_of_hanging() {
+    // Rank 0 streams what the others send by LL (and expects frames where they send LL):
+    // nobody may wait for the timeout.
+    let config = Config { timeout: Duration::from_secs(60), ..test_config() };
+    let stream_only = Config { protocols: ProtocolPolicy::parse("stream").unwrap(), ..config.clone() };
+    let start = Instant::now();
+    let errors = on_hosts_with(&["h"; 3], &[stream_only, config.clone(), config], |c| {
+        let mut v = vec![c.rank() as f32; 8];
+        c.all_reduce(&mut v, ReduceOp::Sum).unwrap_err().to_string()
+    });
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    assert!(
+        errors.iter().any(|e| e.contains("LL") && e.contains("mismatch")),
+        "no rank named the protocol mismatch: {errors:?}"
+    );
 }
 
 #[test]

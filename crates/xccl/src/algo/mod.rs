@@ -28,8 +28,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::coll::CollKind;
 use crate::error::{Error, Result};
-use crate::frame::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
 /// A family of schedules.
@@ -111,9 +111,9 @@ impl Algorithm {
         }
     }
 
-    /// The name of a wire tag (for describing a peer's frame).
-    pub(crate) fn name_of(tag: u8) -> &'static str {
-        Algorithm::ALL.iter().find(|a| **a as u8 == tag).map_or("unknown algorithm", |a| a.name())
+    /// The algorithm a wire tag names, if any.
+    pub(crate) fn from_tag(tag: u8) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| *a as u8 == tag)
     }
 
     /// The algorithms that implement `kind`, the fallback default first.
@@ -215,7 +215,7 @@ impl AlgoOverrides {
             let (coll, algo) = item.split_once(':').ok_or_else(|| {
                 Error::Config(format!("XCCL_ALGO item '{item}' is not COLLECTIVE:ALGORITHM"))
             })?;
-            let kind = collective_named(coll)
+            let kind = CollKind::named(coll)
                 .ok_or_else(|| Error::Config(format!("XCCL_ALGO names unknown collective '{coll}'")))?;
             let algo: Algorithm = algo.trim().parse()?;
             if !Algorithm::for_collective(kind).contains(&algo) {
@@ -243,24 +243,6 @@ impl AlgoOverrides {
         Ok(())
     }
 }
-
-/// The collective called `name` (`all_reduce`, `allreduce`, ...), if any.
-pub fn collective_named(name: &str) -> Option<CollKind> {
-    let norm = name.trim().replace('_', "").to_ascii_lowercase();
-    ALL_COLLECTIVES.into_iter().find(|k| k.name().replace('_', "") == norm)
-}
-
-const ALL_COLLECTIVES: [CollKind; 9] = [
-    CollKind::Broadcast,
-    CollKind::Scatter,
-    CollKind::Gather,
-    CollKind::Reduce,
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::AllToAll,
-    CollKind::Barrier,
-];
 
 /// Any collective on a single rank, whatever the algorithm: the input copied to the output
 /// (nothing for a broadcast, which works in place, or a barrier).
@@ -397,7 +379,7 @@ mod tests {
 
     #[test]
     fn every_listed_algorithm_builds_and_checks() {
-        for kind in ALL_COLLECTIVES {
+        for kind in CollKind::COLLECTIVES {
             for &algo in Algorithm::for_collective(kind) {
                 for n in 1..=9 {
                     for rank in 0..n {

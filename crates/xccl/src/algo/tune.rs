@@ -27,8 +27,10 @@
 use std::fmt;
 
 use super::{Algorithm, Shape, build};
+use crate::coll::CollKind;
 use crate::error::{Error, Result};
-use crate::frame::CollKind;
+use crate::protocol::{self, LinkFacts, Outgoing, Protocol, ProtocolPolicy};
+use crate::schedule::order::{Follow, StepOrder};
 use crate::schedule::{Op, Program};
 
 /// Kinds of link between two ranks.
@@ -116,6 +118,9 @@ pub struct CostModel {
     pub switch: f64,
     /// Efficiencies; an algorithm absent here has factors of 1.
     pub efficiency: Vec<Efficiency>,
+    /// Per protocol, factors on the latency and bandwidth of its messages (a protocol
+    /// absent here has factors of 1): what LL saves per message, say.
+    pub protocols: Vec<(Protocol, f64, f64)>,
 }
 
 /// The constants fitted on the reference machine (2 vCPU Zen 3 guest, shared memory between
@@ -131,6 +136,7 @@ impl Default for CostModel {
             tcp: LinkCost::new(25.0, 1.6, 7.0, 10.0),
             switch: 20e-6,
             efficiency: Vec::new(),
+            protocols: Vec::new(),
         };
         // The embedded file is checked by a test; a broken one would leave the base model.
         base.clone().with_text("reference.tune", REFERENCE).unwrap_or(base)
@@ -163,7 +169,8 @@ impl CostModel {
 
     /// This model with the settings of a tuning file (`name` names it in errors). Lines:
     /// `link CLASS ALPHA_US BETA_GBPS GAMMA_GBPS DELTA_GBPS`, `switch US`,
-    /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`; `#` starts a comment.
+    /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`,
+    /// `protocol PROTOCOL LATENCY BANDWIDTH`; `#` starts a comment.
     pub fn with_text(mut self, name: &str, text: &str) -> Result<CostModel> {
         for (no, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
@@ -188,7 +195,7 @@ impl CostModel {
                 }
                 ["switch", us] => self.switch = parse_us(name, us).map_err(|_| bad("not microseconds"))?,
                 ["efficiency", coll, algo, regime, lat, bw] => {
-                    let kind = super::collective_named(coll).ok_or_else(|| bad("unknown collective"))?;
+                    let kind = CollKind::named(coll).ok_or_else(|| bad("unknown collective"))?;
                     let algo: Algorithm = algo.parse().map_err(|e: Error| bad(&e.to_string()))?;
                     if !Algorithm::for_collective(kind).contains(&algo) {
                         return Err(bad(&format!("{kind} has no {algo} algorithm")));
@@ -204,10 +211,23 @@ impl CostModel {
                     self.efficiency.retain(|e| (e.kind, e.algo, e.crowded) != (kind, algo, crowded));
                     self.efficiency.push(Efficiency { kind, algo, crowded, latency, bandwidth });
                 }
-                _ => return Err(bad("not a link, switch or efficiency line")),
+                ["protocol", name, lat, bw] => {
+                    let proto: Protocol = name.parse().map_err(|e: Error| bad(&e.to_string()))?;
+                    let (Some(latency), Some(bandwidth)) = (num(lat), num(bw)) else {
+                        return Err(bad("factors must be positive numbers"));
+                    };
+                    self.protocols.retain(|p| p.0 != proto);
+                    self.protocols.push((proto, latency, bandwidth));
+                }
+                _ => return Err(bad("not a link, switch, efficiency or protocol line")),
             }
         }
         Ok(self)
+    }
+
+    /// The factors (latency, bandwidth) on messages that travel by `p`.
+    pub fn protocol_factors(&self, p: Protocol) -> (f64, f64) {
+        self.protocols.iter().find(|q| q.0 == p).map_or((1.0, 1.0), |q| (q.1, q.2))
     }
 
     /// The model as a tuning file, which [`CostModel::with_text`] reads back.
@@ -223,6 +243,9 @@ impl CostModel {
             );
         }
         out += &format!("switch {:.4}\n", self.switch * 1e6);
+        for (p, lat, bw) in &self.protocols {
+            out += &format!("protocol {p} {lat:.4} {bw:.4}\n");
+        }
         for e in &self.efficiency {
             let regime = if e.crowded { "crowded" } else { "spread" };
             out += &format!(
@@ -272,12 +295,41 @@ pub struct Topology {
     pub intra: LinkClass,
     /// The class of links between hosts.
     pub inter: LinkClass,
+    /// The protocols each collective may use (`XCCL_PROTO`).
+    pub protocols: ProtocolPolicy,
+    /// Messages at least this long may be pulled (`XCCL_PULL_BYTES`).
+    pub pull_min: usize,
 }
 
 impl Topology {
-    /// `n` ranks on one host of `cores` cores, linked by `intra`.
+    /// `n` ranks on one host of `cores` cores, linked by `intra`, with the default protocols.
     pub fn one_host(n: usize, cores: usize, intra: LinkClass) -> Topology {
-        Topology { hosts: vec![0; n], cores: vec![cores; n], intra, inter: LinkClass::Tcp }
+        Topology::new(vec![0; n], vec![cores; n], intra, LinkClass::Tcp)
+    }
+
+    /// Ranks on `hosts` with `cores`, linked by `intra` inside hosts and `inter` between
+    /// them, with the default protocols.
+    pub fn new(hosts: Vec<usize>, cores: Vec<usize>, intra: LinkClass, inter: LinkClass) -> Topology {
+        Topology {
+            hosts,
+            cores,
+            intra,
+            inter,
+            protocols: ProtocolPolicy::default(),
+            pull_min: protocol::PULL_MIN,
+        }
+    }
+
+    /// What the protocol choice knows of the link between ranks `a` and `b`, from its class:
+    /// memory links carry LL and can be pulled from (threads always, processes where the
+    /// kernel allows), with quarter-ring frames; sockets neither, with 1 MiB segments.
+    fn link(&self, a: usize, b: usize) -> LinkFacts {
+        match self.class(a, b) {
+            LinkClass::Local | LinkClass::Shm => {
+                LinkFacts { memory: true, ll_max: protocol::LL_MAX, seg: 1 << 20, peer_pulls: true }
+            }
+            LinkClass::Tcp => LinkFacts { memory: false, ll_max: 0, seg: 1 << 20, peer_pulls: false },
+        }
     }
 
     fn class(&self, a: usize, b: usize) -> LinkClass {
@@ -314,6 +366,8 @@ pub fn predict(
 pub struct Costing {
     topo: Topology,
     programs: Vec<Program>,
+    /// Per rank and step, what follows what (`schedule::order`).
+    orders: Vec<Vec<StepOrder>>,
     esize: usize,
     kind: CollKind,
     algo: Algorithm,
@@ -333,8 +387,15 @@ impl Costing {
         let n = topo.hosts.len();
         let programs =
             (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
+        let orders = programs
+            .iter()
+            .map(|p| {
+                p.steps.iter().map(|s| StepOrder::of(s, false)).collect::<std::result::Result<Vec<_>, _>>()
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Internal(format!("{kind} by {algo}: bad schedule: {e}")))?;
         let crowded = topo.crowding().iter().any(|c| *c > 1.0);
-        Ok(Costing { topo: topo.clone(), programs, esize, kind, algo, crowded })
+        Ok(Costing { topo: topo.clone(), programs, orders, esize, kind, algo, crowded })
     }
 
     /// Whether a host of the layout has more ranks than cores.
@@ -345,13 +406,41 @@ impl Costing {
     /// The predicted time under `model`, in seconds.
     pub fn time(&self, model: &CostModel) -> f64 {
         let weights = model.factors(self.kind, self.algo, self.crowded);
-        cost(model, weights, &self.topo, &self.programs, self.esize)
+        cost(model, weights, self)
+    }
+
+    /// The protocol message `j` of step `s` of rank `r` travels by, as the executor would
+    /// choose it (`protocol::for_send` and `protocol::expected`): the same function, with
+    /// the link classes' facts.
+    fn protocol(&self, r: usize, s: usize, j: usize) -> Option<Protocol> {
+        let step = &self.programs[r].steps[s];
+        let allowed = self.topo.protocols.for_kind(self.kind);
+        match step.ops[j] {
+            Op::Send { peer, src } => {
+                let sole = step.ops.iter().filter(|op| !matches!(op, Op::Recv { .. })).count() == 1;
+                let m = Outgoing {
+                    len: src.len * self.esize,
+                    has_dependents: self.orders[r][s].has_dependents(j),
+                    sole_one_way: self.kind.one_way() && !self.crowded && sole,
+                    pull_min: self.topo.pull_min,
+                };
+                Some(protocol::for_send(&m, &self.topo.link(r, peer), allowed))
+            }
+            Op::Recv { peer, dst, .. } => Some(protocol::expected(
+                dst.len * self.esize,
+                &self.topo.link(r, peer),
+                self.topo.pull_min,
+                allowed,
+            )),
+            Op::Copy { .. } => None,
+        }
     }
 }
 
 /// The predicted time of `programs` with the latency terms weighted by `weights.0` and the
 /// bandwidth terms by `weights.1`.
-fn cost(model: &CostModel, weights: (f64, f64), topo: &Topology, programs: &[Program], esize: usize) -> f64 {
+fn cost(model: &CostModel, weights: (f64, f64), c: &Costing) -> f64 {
+    let (topo, programs, esize) = (&c.topo, &c.programs, c.esize);
     let (wl, wb) = weights;
     let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
     let inter = model.of(topo.inter);
@@ -366,14 +455,15 @@ fn cost(model: &CostModel, weights: (f64, f64), topo: &Topology, programs: &[Pro
         for (r, p) in programs.iter().enumerate() {
             let Some(step) = p.steps.get(s) else { continue };
             let (mut msgs, mut out, mut inn, mut work, mut waits) = (0.0, 0.0, 0.0, 0.0, 0.0);
-            for op in &step.ops {
+            for (j, op) in step.ops.iter().enumerate() {
+                let (pl, pb) = c.protocol(r, s, j).map_or((1.0, 1.0), |p| model.protocol_factors(p));
                 match *op {
                     Op::Send { peer, src } => {
                         let bytes = (src.len * esize) as f64;
                         let c = model.of(topo.class(r, peer));
-                        msgs += c.alpha;
+                        msgs += c.alpha * pl;
                         if topo.hosts[r] == topo.hosts[peer] {
-                            out += bytes * c.beta;
+                            out += bytes * c.beta * pb;
                         } else {
                             host_out[topo.hosts[r]] += bytes;
                         }
@@ -382,7 +472,7 @@ fn cost(model: &CostModel, weights: (f64, f64), topo: &Topology, programs: &[Pro
                         let bytes = (dst.len * esize) as f64;
                         waits += 1.0;
                         if topo.hosts[r] == topo.hosts[peer] {
-                            inn += bytes * model.of(topo.class(r, peer)).beta;
+                            inn += bytes * model.of(topo.class(r, peer)).beta * pb;
                         } else {
                             host_in[topo.hosts[r]] += bytes;
                         }
@@ -400,31 +490,33 @@ fn cost(model: &CostModel, weights: (f64, f64), topo: &Topology, programs: &[Pro
             slowest = slowest.max(wl * latency + wb * bandwidth);
         }
         let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
-        total += slowest.max(wb * busiest_host * inter.beta)
-            + forwarding(model, weights, topo, programs, s, esize);
+        total += slowest.max(wb * busiest_host * inter.beta) + forwarding(model, weights, c, s);
     }
     total
 }
 
 /// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
 /// they receive, times one segment's hop.
-fn forwarding(
-    model: &CostModel,
-    (wl, wb): (f64, f64),
-    topo: &Topology,
-    programs: &[Program],
-    s: usize,
-    esize: usize,
-) -> f64 {
+fn forwarding(model: &CostModel, (wl, wb): (f64, f64), c: &Costing, s: usize) -> f64 {
+    let (topo, programs, esize) = (&c.topo, &c.programs, c.esize);
     let n = programs.len();
     // For each rank, the peers whose messages it forwards and the cost of one hop to it.
     let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
     for (r, p) in programs.iter().enumerate() {
         let Some(step) = p.steps.get(s) else { continue };
+        let order = &c.orders[r][s];
+        // A receive is forwarded when a later send follows it by the ordering rule.
+        let mut forwarded = vec![false; step.ops.len()];
+        for (j, op) in step.ops.iter().enumerate() {
+            if matches!(op, Op::Send { .. }) {
+                for &(i, how) in order.follows(j) {
+                    forwarded[i] |= how != Follow::InOrder && matches!(step.ops[i], Op::Recv { .. });
+                }
+            }
+        }
         for (i, op) in step.ops.iter().enumerate() {
             let Op::Recv { peer, dst, .. } = *op else { continue };
-            let forwards = step.ops[i + 1..].iter().any(|o| matches!(o, Op::Send { src, .. } if src.buf == dst.buf && src.off < dst.end() && dst.off < src.end()));
-            if forwards {
+            if forwarded[i] {
                 let c = model.of(topo.class(r, peer));
                 let hop = wl * c.alpha + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * c.beta;
                 feeds[r].push((peer, hop));
@@ -581,12 +673,7 @@ mod tests {
 
     #[test]
     fn hierarchy_wins_only_when_hosts_are_far_apart() {
-        let t = Topology {
-            hosts: vec![0, 0, 0, 0, 1, 1, 1, 1],
-            cores: vec![8; 8],
-            intra: LinkClass::Shm,
-            inter: LinkClass::Tcp,
-        };
+        let t = Topology::new(vec![0, 0, 0, 0, 1, 1, 1, 1], vec![8; 8], LinkClass::Shm, LinkClass::Tcp);
         // The ring crosses between hosts in two places only, so with a network a few times
         // slower than shared memory it still wins; with one twenty times slower, crossing once
         // per host (the hierarchy) pays for its slower inside phases.

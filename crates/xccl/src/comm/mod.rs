@@ -16,11 +16,12 @@ use crate::algo::{self, Algorithm, Shape};
 use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
 use crate::bootstrap::{Auth, C10dClient, KeyValue, Rendezvous, StoreClient, StoreServer};
+use crate::coll::CollKind;
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, Plan, Tuning};
-use crate::frame::{CollKind, OpDesc};
+use crate::frame::OpDesc;
 use crate::reduce::ReduceOp;
 use crate::schedule::{Buf, Region};
 use crate::stream::{JobOp, Stream};
@@ -202,8 +203,12 @@ fn hash_str(s: &str) -> u64 {
 
 impl Communicator {
     fn build(group: Group, links: Links, config: Config, fabric: Fabric) -> Result<Communicator> {
-        let tuning =
-            Tuning { timeout: config.timeout, max_stash: config.max_unexpected, pull_min: config.pull_min };
+        let tuning = Tuning {
+            timeout: config.timeout,
+            max_stash: config.max_unexpected,
+            pull_min: config.pull_min,
+            protocols: config.protocols.clone(),
+        };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
         let plans = Mutex::new(FxHashMap::default());
@@ -548,7 +553,14 @@ impl Communicator {
             Backend::Native(_) if !self.inner.config.shm => (LinkClass::Tcp, LinkClass::Tcp),
             _ => (LinkClass::Shm, LinkClass::Tcp),
         };
-        Topology { hosts, cores, intra, inter }
+        Topology {
+            hosts,
+            cores,
+            intra,
+            inter,
+            protocols: self.inner.config.protocols.clone(),
+            pull_min: self.inner.config.pull_min,
+        }
     }
 
     /// The algorithm a collective of `kind` on `count` elements of `dtype` (per rank, as the
@@ -618,7 +630,7 @@ impl Communicator {
             op: key.op,
             count: key.count,
             root: key.root.map(|r| r as u32),
-            algo: algo as u8,
+            algo,
         };
         let plan = Arc::new(Plan::new(
             desc,

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use super::{Communicator, PlanArgs, p2p};
 use crate::algo::Shape;
+use crate::coll::CollKind;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, P2p};
-use crate::frame::CollKind;
 use crate::reduce::ReduceOp;
 use crate::schedule::Blocks;
 use crate::work::{Buffer, Completion, Work};

@@ -8,11 +8,14 @@
 //! wait on any mix of them.
 
 pub(crate) mod doorbell;
+pub(crate) mod ll;
 pub(crate) mod local;
 pub(crate) mod pull;
 pub(crate) mod ring;
 pub(crate) mod shm;
 pub(crate) mod tcp;
+
+pub(crate) use ll::LlRecv;
 
 use std::io::{self, IoSlice};
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -122,6 +125,31 @@ pub(crate) trait Link: Send {
     /// Says `farewell` (abort notices only if `at_boundary`, i.e. no outgoing frame is half
     /// written) and closes this side, waiting at most `patience` for room to say it.
     fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration);
+
+    /// The most payload bytes one LL message may carry on this link (0: it has no LL
+    /// channel, as sockets have not).
+    fn ll_max(&self) -> usize {
+        0
+    }
+
+    /// Sends one LL message labelled `label` made of `parts` (at most `ll_max` bytes) if
+    /// the channel has room for all of it; `Ok(false)`, having written nothing, otherwise.
+    /// An error if the peer is gone and the channel stays full.
+    fn ll_send(&mut self, _label: [u64; 2], _parts: &[&[u8]]) -> io::Result<bool> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no LL channel"))
+    }
+
+    /// Receives the next LL message if it is labelled `label`, has `len` bytes and has
+    /// arrived whole, handing its payload to `f` in pieces (`ll.rs`); at the end of the
+    /// stream (nothing there and the peer gone) an error.
+    fn ll_recv(&mut self, _label: [u64; 2], _len: usize, _f: &mut dyn FnMut(&[u8])) -> io::Result<LlRecv> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no LL channel"))
+    }
+
+    /// Whether an LL message has begun to arrive and has not been read.
+    fn ll_pending(&mut self) -> bool {
+        false
+    }
 }
 
 /// What the executor waits for on one peer's link.

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::doorbell::Doorbell;
+use super::ll::{LL_MAX_BYTES, LlChannel, LlRecv, LlRx, LlTx};
 use super::pull::Pull;
 use super::{Closed, Farewell, Link, PeerAborted};
 
@@ -22,7 +23,7 @@ use super::{Closed, Farewell, Link, PeerAborted};
 #[derive(Debug, Default)]
 struct Padded(AtomicU64);
 
-/// Cursors of one ring.
+/// Cursors of one ring, and the LL channel beside it.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub(crate) struct RingControl {
@@ -30,6 +31,8 @@ pub(crate) struct RingControl {
     head: Padded,
     /// Bytes ever read.
     tail: Padded,
+    /// Small messages with their flags in the same cache lines.
+    ll: LlChannel,
 }
 
 /// Longest abort reason kept in a [`PeerStatus`].
@@ -152,6 +155,7 @@ pub(crate) struct RingTx {
     mem: RingMem,
     head: u64,
     tail_seen: u64,
+    ll: LlTx,
 }
 
 // SAFETY: the producer end is used by one thread at a time (it is moved, not shared); the
@@ -166,7 +170,10 @@ impl RingTx {
 
     pub fn new(mem: RingMem) -> RingTx {
         let head = mem.ctrl().head.0.load(Ordering::Relaxed);
-        RingTx { mem, head, tail_seen: mem.ctrl().tail.0.load(Ordering::Acquire) }
+        // SAFETY: the channel lies in the control block, valid as long as this end by
+        // `RingMem::new`'s contract, which also allows only one producer per ring.
+        let ll = unsafe { LlTx::new(&raw const mem.ctrl().ll) };
+        RingTx { mem, head, tail_seen: mem.ctrl().tail.0.load(Ordering::Acquire), ll }
     }
 
     /// Whether `bytes` fit now.
@@ -217,6 +224,7 @@ pub(crate) struct RingRx {
     mem: RingMem,
     tail: u64,
     head_seen: u64,
+    ll: LlRx,
 }
 
 // SAFETY: as for `RingTx`.
@@ -225,7 +233,9 @@ unsafe impl Send for RingRx {}
 impl RingRx {
     pub fn new(mem: RingMem) -> RingRx {
         let tail = mem.ctrl().tail.0.load(Ordering::Relaxed);
-        RingRx { mem, tail, head_seen: mem.ctrl().head.0.load(Ordering::Acquire) }
+        // SAFETY: as for the producer's end; one consumer per ring.
+        let ll = unsafe { LlRx::new(&raw const mem.ctrl().ll) };
+        RingRx { mem, tail, head_seen: mem.ctrl().head.0.load(Ordering::Acquire), ll }
     }
 
     /// Hints the processor to fetch the first bytes the next message will occupy, so that when
@@ -398,6 +408,47 @@ impl Link for RingLink {
     fn close(&mut self, farewell: &Farewell, _at_boundary: bool, _patience: Duration) {
         self.host.status(self.me).set(farewell);
         self.host.bell(self.peer).ring();
+    }
+
+    fn ll_max(&self) -> usize {
+        LL_MAX_BYTES
+    }
+
+    fn ll_send(&mut self, label: [u64; 2], parts: &[&[u8]]) -> io::Result<bool> {
+        if parts.iter().map(|p| p.len()).sum::<usize>() > LL_MAX_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "LL message longer than 4 KiB"));
+        }
+        if self.tx.ll.send(label, parts) {
+            self.host.bell(self.peer).notify();
+            return Ok(true);
+        }
+        // A full channel stays full if the peer is gone: say so.
+        match self.peer_gone() {
+            Some(how) => Err(self.eof(&how)),
+            None => Ok(false),
+        }
+    }
+
+    fn ll_recv(&mut self, label: [u64; 2], len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<LlRecv> {
+        match self.rx.ll.recv(label, len, f) {
+            LlRecv::Done => {
+                self.host.bell(self.peer).notify();
+                Ok(LlRecv::Done)
+            }
+            LlRecv::Empty => match self.peer_gone() {
+                // The peer may have written its last message just before it left.
+                Some(how) => match self.rx.ll.recv(label, len, f) {
+                    LlRecv::Empty => Err(self.eof(&how)),
+                    found => Ok(found),
+                },
+                None => Ok(LlRecv::Empty),
+            },
+            other => Ok(other),
+        }
+    }
+
+    fn ll_pending(&mut self) -> bool {
+        self.rx.ll.pending()
     }
 }
 

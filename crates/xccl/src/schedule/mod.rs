@@ -4,12 +4,15 @@
 //! A program is a list of [`Step`]s over three buffers ([`Buf`]): the caller's input, the
 //! caller's output (the same memory for in-place calls) and scratch owned by the
 //! communicator. Steps run one after another on each rank. Inside a step every operation may
-//! proceed at once, with one rule: operations whose regions overlap run in step order, and
+//! proceed at once, with one rule ([`order`], its one statement, which the executor, the
+//! verifier and the tuner all use): operations whose regions overlap run in step order, and
 //! when the regions are identical the order is kept segment by segment rather than for the
 //! whole region. So `Recv{parent, R}` followed by `Send{child, R}` in one step *forwards*:
 //! each segment goes on to the child as soon as it has arrived from the parent, which is how
 //! a pipelined tree or chain is written. Matching sends and receives between two ranks pair
 //! up in step order, then in operation order within the step.
+
+pub mod order;
 
 use std::fmt;
 

@@ -1,0 +1,164 @@
+//! Failure: how a rank that fails tells its peers (an abort notice after any half-written
+//! frame), how it explains a lost peer (who vanished first, what it said), and what a
+//! timeout reports (which peers were silent, which did not read).
+
+use std::time::{Duration, Instant};
+
+use super::inbound::Inbound;
+use super::task::{Act, StepRun};
+use super::{ABORT_PATIENCE, Engine};
+use crate::error::{Error, Result};
+use crate::transport::{Closed, Farewell, Interest, PeerAborted};
+
+/// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
+pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
+    match e.get_ref().and_then(|inner| inner.downcast_ref::<PeerAborted>()) {
+        Some(a) => Error::RemoteAbort { op, peer, origin: a.origin, reason: a.reason.clone() },
+        None => Error::PeerLost { op, peer, detail: e.to_string() },
+    }
+}
+impl Engine {
+    pub(super) fn abort(&mut self, err: &Error) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.dead = Some(err.clone());
+        // A notice can only follow a complete frame: finish half-written ones first (their
+        // buffers are still those of the failing operation), giving up after a moment.
+        self.finish_frames(Instant::now() + ABORT_PATIENCE);
+        let mid: Vec<bool> = self.peers.iter().map(|p| p.out.is_some()).collect();
+        // Relay news from elsewhere unchanged; otherwise the failure began here or at the
+        // peer the error blames.
+        let farewell = match err {
+            Error::RemoteAbort { origin, reason, .. } => {
+                Farewell::Abort { origin: *origin, reason: reason.clone() }
+            }
+            other => Farewell::Abort {
+                origin: other.culprit().unwrap_or(self.rank),
+                reason: format!("rank {}: {other}", self.rank),
+            },
+        };
+        self.links.close_all(&farewell, &mid, Duration::ZERO);
+    }
+
+    /// Writes the rest of every half-written outgoing frame, until `deadline`. Frames on
+    /// broken links stay half-written (so no notice is attempted there).
+    fn finish_frames(&mut self, deadline: Instant) {
+        let mut broken = vec![false; self.nranks];
+        loop {
+            let mut want = vec![Interest::default(); self.nranks];
+            for peer in 0..self.nranks {
+                if broken[peer] {
+                    continue;
+                }
+                let Some(f) = self.peers[peer].out.as_mut() else {
+                    continue;
+                };
+                let Ok(link) = self.links.link(peer) else {
+                    continue;
+                };
+                let pad = [0u8; 8];
+                let total = f.total();
+                // The failing operation's buffers are valid until it returns, after this.
+                let (parts, n) = f.rest(&pad);
+                match link.write(&parts[..n]) {
+                    Ok(n) => f.written += n,
+                    Err(_) => broken[peer] = true,
+                }
+                if f.written == total {
+                    self.peers[peer].out = None;
+                }
+                want[peer].write = self.peers[peer].out.is_some() && !broken[peer];
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if want.iter().all(|w| !w.write) || left.is_zero() {
+                return;
+            }
+            // Without a last look after arming, a wake-up may be missed: the short nap bounds it.
+            let token = self.links.arm();
+            let _ = self.links.wait(&want, token, left.min(Duration::from_millis(10)));
+        }
+    }
+
+    /// The recent collectives, oldest first, for error reports.
+    pub(super) fn recent(&self) -> String {
+        self.history.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+
+    /// Fails if the communicator is dead, or if a peer is known to have failed: no new
+    /// operation starts after that. A peer's failure found here aborts this rank too, so its
+    /// other peers hear who failed first rather than a clean goodbye.
+    pub(super) fn ensure_alive(&mut self, op: impl Fn() -> String) -> Result<()> {
+        let res = self.check_alive(op);
+        if let Err(e) = &res {
+            self.abort(e);
+        }
+        res
+    }
+
+    fn check_alive(&self, op: impl Fn() -> String) -> Result<()> {
+        if let Some(e) = &self.dead {
+            return Err(Error::Aborted(Box::new(e.clone())));
+        }
+        match self.links.first_failed() {
+            Some((peer, Closed::Aborted { origin, reason })) => {
+                Err(Error::RemoteAbort { op: op(), peer, origin: *origin, reason: reason.clone() })
+            }
+            Some((peer, Closed::Vanished(detail))) => {
+                Err(Error::PeerLost { op: op(), peer, detail: detail.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes a lost-peer error as informative as the links allow: a peer that left an abort
+    /// notice aborted (and says why); a peer that merely hung up may have been brought down by
+    /// others that vanished first.
+    pub(super) fn explain(&mut self, e: Error) -> Error {
+        let Error::PeerLost { op, peer, detail } = e else { return e };
+        // The broken link may still hold the peer's last word, unread.
+        if matches!(self.peers[peer].inbound, Inbound::Idle) {
+            self.links.probe(peer);
+        }
+        if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer) {
+            return Error::RemoteAbort { op, peer, origin: *origin, reason: reason.clone() };
+        }
+        let vanished: Vec<String> = (0..self.nranks)
+            .filter(|&q| q != peer && matches!(self.links.gone(q), Some(Closed::Vanished(_))))
+            .map(|q| format!("rank {q}"))
+            .collect();
+        let detail = if vanished.is_empty() {
+            detail
+        } else {
+            format!("{detail}; before it, {} vanished", vanished.join(", "))
+        };
+        Error::PeerLost { op, peer, detail }
+    }
+
+    pub(super) fn timeout_error(&self, run: &StepRun<'_>, idle_for: Duration) -> Error {
+        let mut silent = Vec::new();
+        let mut deaf = Vec::new();
+        for t in run.tasks.iter().filter(|t| !t.complete) {
+            match t.act {
+                Act::Recv { peer, .. } => {
+                    silent.push(format!("rank {peer} ({} of {} bytes received)", t.done, t.span.len))
+                }
+                Act::Send { peer } => {
+                    deaf.push(format!("rank {peer} ({} of {} bytes sent)", t.done, t.span.len))
+                }
+                Act::Copy { .. } => {}
+            }
+        }
+        let mut detail = String::new();
+        if !silent.is_empty() {
+            detail += &format!("not heard from {}", silent.join(", "));
+        }
+        if !deaf.is_empty() {
+            if !detail.is_empty() {
+                detail += "; ";
+            }
+            detail += &format!("not read by {}", deaf.join(", "));
+        }
+        Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail }
+    }
+}

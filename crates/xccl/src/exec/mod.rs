@@ -1,0 +1,216 @@
+//! The executor: runs any [`Program`](crate::schedule::Program) (or a batch of
+//! point-to-point messages) over any [`Links`], in named parts:
+//!
+//! | file | concept |
+//! |---|---|
+//! | `mod.rs` | the [`Engine`] of one rank in one communicator, and its entry points |
+//! | `plan.rs` | a collective's [`Plan`], its steps compiled once: labels, protocols, ordering |
+//! | `task.rs` | the operations of the step being run and the questions the loop asks of them |
+//! | `step.rs` | the run loop: steps in turn, and one step's passes, polls and sleeps |
+//! | `peer.rs` | one [`Peer`](peer::Peer): its link's facts and the wire state that outlives a step |
+//! | `express.rs` | the express lane for steps of small messages |
+//! | `ll.rs` | the LL protocol: small messages through the links' LL channels |
+//! | `outbound.rs` | frames to a peer: streamed segments, pull descriptors, what is owed |
+//! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits |
+//! | `p2p.rs` | point-to-point matching and the stash of early messages |
+//! | `failure.rs` | aborts, lost peers, timeouts |
+//!
+//! The step ordering rule is `schedule::order`'s; how each message travels is
+//! [`protocol`](crate::protocol)'s choice. Messages are cut into segments of at most the
+//! link's frame size, so a rank reduces segment `k` while its peer is already sending
+//! segment `k + 1`, and a forwarding rank passes segment `k` on while segment `k + 1` is
+//! still arriving. Progress is measured per operation in bytes done from the start of its
+//! region: op `j` may touch byte `b` of its region once every earlier op it follows has done
+//! `b` bytes of an identical region (or has finished, for a merely overlapping one).
+
+mod express;
+mod failure;
+mod inbound;
+mod ll;
+mod outbound;
+mod p2p;
+mod peer;
+mod plan;
+mod step;
+mod task;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::frame::OpDesc;
+use crate::protocol::ProtocolPolicy;
+use crate::reduce::ReduceOp;
+use crate::transport::{Farewell, Links};
+
+use p2p::Stash;
+pub(crate) use p2p::{P2p, P2pFeed};
+use peer::Peer;
+pub(crate) use plan::Plan;
+use task::{StepBufs, StepRun};
+
+/// The caller's buffers of one collective, as raw byte ranges.
+///
+/// The memory must stay valid, and untouched by anyone else, until the operation that
+/// received these buffers has completed.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Bufs {
+    pub input: *const u8,
+    pub input_len: usize,
+    pub output: *mut u8,
+    pub output_len: usize,
+}
+/// How the executor behaves; fixed per communicator.
+#[derive(Clone, Debug)]
+pub(crate) struct Tuning {
+    /// Longest wait without progress before an operation fails.
+    pub timeout: Duration,
+    /// Most bytes of unexpected point-to-point messages kept at once.
+    pub max_stash: usize,
+    /// Messages at least this long are pulled by receivers that can read this rank's memory
+    /// (`usize::MAX`: never).
+    pub pull_min: usize,
+    /// The protocols each collective may use (`XCCL_PROTO`).
+    pub protocols: ProtocolPolicy,
+}
+/// One rank's executor in one communicator: its links, the state of each peer, and all
+/// other state that outlives a step.
+pub(crate) struct Engine {
+    rank: usize,
+    nranks: usize,
+    comm: u64,
+    links: Links,
+    /// Per peer: its link's facts and the wire state kept across operations.
+    peers: Vec<Peer>,
+    /// Staging for pulled segments that are combined.
+    stage: Vec<u64>,
+    tuning: Tuning,
+    scratch: Vec<u64>,
+    /// Step buffers kept between steps.
+    spare: StepBufs,
+    /// Point-to-point messages that arrived before their receives.
+    stash: Stash,
+    abort_reason: Vec<u8>,
+    /// The rank named by the abort notice being read.
+    abort_origin: usize,
+    dead: Option<Error>,
+    /// The last collectives this rank ran, newest last: a frame of an earlier sequence
+    /// number is then reported against what this rank called under that number.
+    history: VecDeque<OpDesc>,
+}
+
+/// Collectives remembered in `Engine::history`.
+const HISTORY: usize = 32;
+
+/// How long an aborting rank tries to finish half-written frames so that its abort notice
+/// can follow them.
+pub(super) const ABORT_PATIENCE: Duration = Duration::from_millis(200);
+
+// SAFETY: the raw pointers in `out` frames point into buffers of the operation being run,
+// which the submitter keeps valid until the operation completes; frames never outlive it.
+unsafe impl Send for Engine {}
+
+/// What the step is part of, for labels, checks and messages.
+#[derive(Copy, Clone)]
+pub(super) enum Ctx<'a> {
+    /// Step `step` of collective `desc`.
+    Coll { desc: &'a OpDesc, step: u32 },
+    /// A point-to-point batch.
+    P2p,
+}
+impl Ctx<'_> {
+    /// The operation, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Ctx::Coll { desc, .. } => desc.to_string(),
+            Ctx::P2p => "send/recv".to_string(),
+        }
+    }
+
+    /// The element type and reduction of a combining step.
+    pub fn combine(&self) -> Option<(DType, ReduceOp)> {
+        match self {
+            Ctx::Coll { desc, .. } => desc.op.map(|op| (desc.dtype, op)),
+            Ctx::P2p => None,
+        }
+    }
+}
+impl Engine {
+    pub fn new(rank: usize, nranks: usize, comm: u64, mut links: Links, tuning: Tuning) -> Engine {
+        let peers = (0..nranks).map(|p| Peer::new(links.link(p).ok())).collect();
+        Engine {
+            peers,
+            stage: Vec::new(),
+            rank,
+            nranks,
+            comm,
+            links,
+            tuning,
+            scratch: Vec::new(),
+            spare: StepBufs::default(),
+            stash: Stash::default(),
+            abort_reason: Vec::new(),
+            abort_origin: 0,
+            dead: None,
+            history: VecDeque::with_capacity(HISTORY),
+        }
+    }
+
+    /// A waker for this engine's waits.
+    pub fn waker(&self) -> crate::transport::Waker {
+        self.links.waker()
+    }
+
+    /// The error that killed this communicator, if one did.
+    pub fn dead(&self) -> Option<&Error> {
+        self.dead.as_ref()
+    }
+
+    /// Fails every operation from now on with `err`, and tells the peers.
+    pub fn fail(&mut self, err: Error) {
+        self.abort(&err);
+    }
+
+    /// Closes the links cleanly (after the last operation).
+    pub fn close(&mut self, farewell: Farewell) {
+        if self.dead.is_some() {
+            return;
+        }
+        let mid: Vec<bool> = self.peers.iter().map(|p| p.out.is_some()).collect();
+        self.links.close_all(&farewell, &mid, Duration::from_secs(2));
+        self.dead = Some(Error::Internal("communicator used after it was closed".into()));
+    }
+
+    /// Runs collective `plan` as operation number `seq` on `bufs`.
+    pub fn collective(&mut self, plan: &Plan, seq: u64, bufs: &Bufs) -> Result<()> {
+        let desc = plan.desc.with_seq(seq);
+        self.ensure_alive(|| desc.to_string())?;
+        if bufs.input_len < plan.input_len || bufs.output_len < plan.output_len {
+            return Err(Error::Internal(format!("{desc}: buffers smaller than the plan's")));
+        }
+        let res = self.run_program(&desc, plan, bufs).map_err(|e| self.explain(e));
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(desc);
+        if let Err(e) = &res {
+            tracing::error!(rank = self.rank, comm = self.comm, "{e}; recent operations: {}", self.recent());
+            self.abort(e);
+        }
+        res
+    }
+
+    /// Runs point-to-point messages from `feed` concurrently, taking in those issued
+    /// meanwhile, until every message taken has completed and none is waiting.
+    pub fn p2p(&mut self, feed: &mut dyn P2pFeed) -> Result<()> {
+        self.ensure_alive(|| "send/recv".to_string())?;
+        let mut run = StepRun::new(Ctx::P2p, self.nranks, self.take_bufs());
+        let res = self.run_step(&mut run, Some(feed)).map_err(|e| self.explain(e));
+        self.spare = run.into_bufs();
+        if let Err(e) = &res {
+            self.abort(e);
+        }
+        res
+    }
+}

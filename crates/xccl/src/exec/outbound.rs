@@ -1,0 +1,208 @@
+//! The outgoing stream of each peer: the frames of send tasks (streamed segments, or pull
+//! descriptors), and the acknowledgements and push requests owed to the peer.
+
+use std::io::IoSlice;
+
+use super::failure::lost;
+use super::task::{Label, Span, StepRun};
+use super::{Ctx, Engine};
+use crate::coll::CollKind;
+use crate::error::{Error, Result};
+use crate::frame::{self, ACK_LEN, FrameKind, HEADER_LEN, Header, PULL_LEN};
+use crate::protocol::{self, Outgoing, Protocol};
+
+/// What follows an outgoing frame's header.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum Body {
+    /// Bytes of a send task's message, streamed.
+    Data(Span),
+    /// Where to read a segment of `len` bytes: the receiver pulls it and acknowledges it.
+    Pull { desc: [u8; PULL_LEN], len: usize },
+    /// The acknowledgement of a pulled segment of the peer's, or the confirmation that a
+    /// pushed tail is written.
+    Ack([u8; ACK_LEN]),
+    /// A request to the sender of a pulled message to write its tail into this rank's memory.
+    Push([u8; PULL_LEN]),
+}
+
+/// An outgoing frame being written.
+pub(super) struct OutFrame {
+    /// The send task it belongs to (none for an acknowledgement).
+    pub task: Option<usize>,
+    pub header: [u8; HEADER_LEN],
+    pub body: Body,
+    /// Bytes of it written so far.
+    pub written: usize,
+}
+
+impl OutFrame {
+    /// A reply of `kind` (an acknowledgement of a copy, or the news that a pushed tail is
+    /// written) to the frame with `header`, saying that `len` bytes were done.
+    pub(super) fn reply(mut header: Header, kind: FrameKind, len: usize) -> OutFrame {
+        header.kind = kind;
+        header.len = ACK_LEN as u32;
+        OutFrame {
+            task: None,
+            header: header.encode(),
+            body: Body::Ack((len as u64).to_le_bytes()),
+            written: 0,
+        }
+    }
+
+    fn body_len(&self) -> usize {
+        match self.body {
+            Body::Data(s) => s.len,
+            Body::Pull { .. } | Body::Push(_) => PULL_LEN,
+            Body::Ack(_) => ACK_LEN,
+        }
+    }
+
+    pub(super) fn total(&self) -> usize {
+        HEADER_LEN + self.body_len() + frame::pad_for(self.body_len())
+    }
+
+    /// The unwritten rest of the frame, as slices for one vectored write.
+    pub(super) fn rest<'a>(&'a self, pad: &'a [u8; 8]) -> ([IoSlice<'a>; 3], usize) {
+        let mut parts = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut n = 0;
+        let blen = self.body_len();
+        if self.written < HEADER_LEN {
+            parts[n] = IoSlice::new(&self.header[self.written..]);
+            n += 1;
+        }
+        let body_at = self.written.saturating_sub(HEADER_LEN);
+        if body_at < blen {
+            let body: &[u8] = match &self.body {
+                // SAFETY: the payload lies in a buffer of the running operation and, by the
+                // step's ordering rule, nothing writes these bytes until the frame is done.
+                Body::Data(s) => unsafe { s.bytes(body_at, blen) },
+                Body::Pull { desc, .. } => &desc[body_at..],
+                Body::Ack(a) => &a[body_at..],
+                Body::Push(p) => &p[body_at..],
+            };
+            parts[n] = IoSlice::new(body);
+            n += 1;
+        }
+        let total = self.total();
+        let pad_at = self.written.max(HEADER_LEN + blen);
+        if pad_at < total {
+            parts[n] = IoSlice::new(&pad[..total - pad_at]);
+            n += 1;
+        }
+        (parts, n)
+    }
+}
+impl Engine {
+    /// How send task `i` to `peer` goes: as compiled for a collective; chosen when its
+    /// first frame goes for a point-to-point message (which never goes by LL: its receiver
+    /// matches by tag, out of order).
+    fn send_protocol(&self, run: &StepRun<'_>, i: usize, peer: usize) -> Protocol {
+        let t = &run.tasks[i];
+        match t.label {
+            Label::Coll { .. } => t.proto,
+            Label::P2p { .. } => {
+                let m = Outgoing {
+                    len: t.span.len,
+                    has_dependents: t.has_dependents,
+                    sole_one_way: false,
+                    pull_min: self.tuning.pull_min,
+                };
+                let allowed = self.tuning.protocols.for_kind(CollKind::SendRecv).without(Protocol::Ll);
+                protocol::for_send(&m, &self.peers[peer].facts, allowed)
+            }
+        }
+    }
+
+    /// Writes frames to `peer` while the link takes them; true if anything moved.
+    pub(super) fn pump_out(&mut self, run: &mut StepRun<'_>, peer: usize) -> Result<bool> {
+        let mut progress = false;
+        loop {
+            // Acknowledgements first: the peer waits on them.
+            if !self.peers[peer].start_owed() {
+                let Some(i) = run.next_send(peer) else { break };
+                let t = &run.tasks[i];
+                let pull = self.send_protocol(run, i, peer) == Protocol::Pull;
+                // A descriptor costs no ring space: a message that is all there goes in one,
+                // and the receiver copies it in large pieces. One that is still arriving
+                // (forwarded) is described segment by segment as it comes.
+                let seg = if pull && t.deps.is_empty() { usize::MAX } else { self.peers[peer].facts.seg };
+                let ready = run.send_ready(i, seg);
+                // An empty message still goes out, as a bare header.
+                if ready == 0 && run.tasks[i].span.len > 0 {
+                    break;
+                }
+                if let Some(how) = self.links.gone(peer) {
+                    let detail =
+                        format!("it ended its communicator ({how:?}) before this rank sent it everything");
+                    return Err(Error::PeerLost { op: run.op(), peer, detail });
+                }
+                self.peers[peer].out = Some(self.frame_for(run, i, ready, pull));
+            }
+            let f = self.peers[peer].out.as_mut().expect("frame present");
+            let pad = [0u8; 8];
+            let (parts, n) = f.rest(&pad);
+            let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
+            let wrote = link.write(&parts[..n]).map_err(|e| lost(run.op(), peer, e))?;
+            if wrote == 0 {
+                break;
+            }
+            progress = true;
+            f.written += wrote;
+            if f.written == f.total() {
+                if let Some(i) = f.task {
+                    let task = &mut run.tasks[i];
+                    match f.body {
+                        Body::Data(s) => {
+                            task.sent += s.len;
+                            task.done += s.len;
+                            task.complete = task.done == task.span.len;
+                        }
+                        // Done when the peer acknowledges it.
+                        Body::Pull { len, .. } => task.sent += len,
+                        Body::Ack(_) | Body::Push(_) => {}
+                    }
+                }
+                self.peers[peer].out = None;
+            }
+        }
+        Ok(progress)
+    }
+
+    /// The next frame of send task `i`, covering its next `len` bytes: streamed, or (`pull`)
+    /// as a descriptor for the receiver to pull.
+    pub(super) fn frame_for(&self, run: &StepRun<'_>, i: usize, len: usize, pull: bool) -> OutFrame {
+        let t = &run.tasks[i];
+        let mut h = match (run.ctx, t.label) {
+            (Ctx::Coll { desc, step }, Label::Coll { msg }) => Header::data(self.comm, desc, step, msg),
+            (_, Label::P2p { tag, dtype, seq }) => {
+                let mut h = Header::control(FrameKind::Data, self.comm, 0);
+                h.seq = seq;
+                h.step = tag;
+                h.dtype = dtype;
+                h.count = (t.span.len / dtype.size()) as u64;
+                h
+            }
+            (Ctx::P2p, Label::Coll { .. }) => {
+                unreachable!("collective task in a point-to-point batch")
+            }
+        };
+        h.total = t.span.len as u64;
+        h.offset = t.sent as u64;
+        // SAFETY: `sent + len <= span.len`, so the segment stays inside the task's span.
+        let segment = Span { ptr: unsafe { t.span.ptr.add(t.sent) }, len };
+        let body = if pull {
+            h.kind = FrameKind::Pull;
+            let mut desc = [0u8; PULL_LEN];
+            desc[..8].copy_from_slice(&(segment.ptr as u64).to_le_bytes());
+            desc[8..].copy_from_slice(&(len as u64).to_le_bytes());
+            Body::Pull { desc, len }
+        } else {
+            Body::Data(segment)
+        };
+        h.len = match body {
+            Body::Data(_) => len as u32,
+            _ => PULL_LEN as u32,
+        };
+        OutFrame { task: Some(i), header: h.encode(), body, written: 0 }
+    }
+}

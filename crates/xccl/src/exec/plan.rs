@@ -1,0 +1,200 @@
+//! Plans: a collective's schedule checked once against its buffers, and its steps compiled
+//! once per aliasing (input and output the same memory or not): message labels, each
+//! message's protocol, and what each operation follows by the step ordering rule.
+
+use std::sync::OnceLock;
+
+use super::peer::Peer;
+use crate::error::{Error, Result};
+use crate::frame::OpDesc;
+use crate::protocol::{self, Outgoing, Protocol, ProtocolPolicy};
+use crate::schedule::order::{self, Follow, StepOrder};
+use crate::schedule::{Op, Program, Region};
+
+/// A collective ready to run on one rank: its identity (under sequence number 0), its
+/// schedule, checked against the buffer lengths it was built for, and the region that holds
+/// this rank's final reduced values (finalised for `Avg`).
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub desc: OpDesc,
+    pub program: Program,
+    /// Bytes of input and output the program was checked against.
+    pub input_len: usize,
+    pub output_len: usize,
+    pub result: Option<Region>,
+    /// The steps compiled for separate (index 0) and shared (index 1) input and output
+    /// memory, made on first use.
+    compiled: [OnceLock<std::result::Result<Vec<CompiledStep>, String>>; 2],
+}
+
+impl Plan {
+    /// Builds the plan, checking the schedule against the buffers once for all its runs.
+    pub fn new(
+        desc: OpDesc,
+        program: Program,
+        rank: usize,
+        nranks: usize,
+        elems: (usize, usize),
+        result: Option<Region>,
+    ) -> Result<Plan> {
+        program
+            .check(rank, nranks, elems.0, elems.1)
+            .map_err(|e| Error::Internal(format!("{desc}: bad schedule: {e}")))?;
+        let esize = desc.dtype.size();
+        Ok(Plan {
+            desc,
+            program,
+            input_len: elems.0 * esize,
+            output_len: elems.1 * esize,
+            result,
+            compiled: [OnceLock::new(), OnceLock::new()],
+        })
+    }
+
+    /// The compiled steps for input and output that are the same memory (`aliased`) or not,
+    /// with each message's protocol chosen for the links `how` describes (the same for every
+    /// run on one communicator).
+    pub(super) fn steps(&self, aliased: bool, how: &Compiling<'_>) -> Result<&[CompiledStep]> {
+        self.compiled[usize::from(aliased)]
+            .get_or_init(|| {
+                let steps = compile(&self.program, aliased, &self.desc, how)?;
+                tracing::info!(rank = how.rank, "{}: protocols {}", self.desc, protocols_used(&steps));
+                Ok(steps)
+            })
+            .as_deref()
+            .map_err(|e| Error::Internal(format!("{}: bad schedule: {e}", self.desc)))
+    }
+}
+
+/// What compiling a plan's steps needs to know about the communicator.
+pub(super) struct Compiling<'a> {
+    /// This rank (for messages).
+    pub rank: usize,
+    /// Per peer, its link's facts.
+    pub peers: &'a [Peer],
+    /// The protocols each collective may use.
+    pub policy: &'a ProtocolPolicy,
+    /// Messages at least this long may be pulled.
+    pub pull_min: usize,
+    /// Each rank has a core of its own (links are polled by spinning).
+    pub spinning: bool,
+}
+
+/// One operation of a compiled step: what it does on which regions, how its message
+/// travels, and what it follows.
+#[derive(Clone, Debug)]
+pub(super) struct TaskPlan {
+    pub act: PlannedAct,
+    pub region: Region,
+    /// Its index among the step's messages to (sends) or from (receives) its peer.
+    pub msg: u32,
+    /// Sends: the protocol; receives: LL, eager or stream (the sender's frames tell
+    /// streamed from pulled); copies: stream, unused.
+    pub proto: Protocol,
+    /// Earlier operations of the step to follow: (index, segment by segment?).
+    pub deps: Vec<(u32, bool)>,
+    pub has_dependents: bool,
+    /// Nothing to do (an empty copy, or one onto itself).
+    pub noop: bool,
+}
+
+/// A compiled operation's kind, with its regions.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum PlannedAct {
+    Send { peer: usize },
+    Recv { peer: usize, with: Option<Region> },
+    Copy { src: Region },
+}
+
+/// A step with its ordering and protocols worked out once for all runs of the plan.
+#[derive(Clone, Debug)]
+pub(super) struct CompiledStep {
+    pub(super) tasks: Vec<TaskPlan>,
+}
+
+/// The protocols a plan's messages use, as `ll,stream` (`none` without messages).
+fn protocols_used(steps: &[CompiledStep]) -> String {
+    let mut used: Vec<Protocol> = Vec::new();
+    for t in steps.iter().flat_map(|s| &s.tasks) {
+        if !matches!(t.act, PlannedAct::Copy { .. }) && !used.contains(&t.proto) {
+            used.push(t.proto);
+        }
+    }
+    used.sort_by_key(|p| Protocol::ALL.iter().position(|q| q == p));
+    if used.is_empty() {
+        return "none".into();
+    }
+    used.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+}
+
+/// Compiles a program's steps: message labels, protocols, no-op copies and the ordering
+/// rule (`schedule::order`).
+fn compile(
+    program: &Program,
+    aliased: bool,
+    desc: &OpDesc,
+    how: &Compiling<'_>,
+) -> std::result::Result<Vec<CompiledStep>, String> {
+    let allowed = how.policy.for_kind(desc.kind);
+    let one_way = desc.kind.one_way() && how.spinning;
+    let esize = desc.dtype.size();
+    let mut steps = Vec::with_capacity(program.steps.len());
+    for step in &program.steps {
+        let order = StepOrder::of(step, aliased)?;
+        // A large one-way message streams only where it is the step's only send or copy.
+        let sole = step.ops.iter().filter(|op| !matches!(op, Op::Recv { .. })).count() == 1;
+        let mut msgs: Vec<(usize, u32, u32)> = Vec::new();
+        let mut count = |peer: usize, send: bool| {
+            let at = match msgs.iter().position(|m| m.0 == peer) {
+                Some(at) => at,
+                None => {
+                    msgs.push((peer, 0, 0));
+                    msgs.len() - 1
+                }
+            };
+            let slot = if send { &mut msgs[at].1 } else { &mut msgs[at].2 };
+            *slot += 1;
+            *slot - 1
+        };
+        let mut tasks: Vec<TaskPlan> = Vec::with_capacity(step.ops.len());
+        for (j, op) in step.ops.iter().enumerate() {
+            let has_dependents = order.has_dependents(j);
+            let link = |peer: usize| how.peers.get(peer).map(|p| p.facts).unwrap_or_default();
+            let (act, region, msg, proto) = match *op {
+                Op::Send { peer, src } => {
+                    let m = Outgoing {
+                        len: src.len * esize,
+                        has_dependents,
+                        sole_one_way: one_way && sole,
+                        pull_min: how.pull_min,
+                    };
+                    (
+                        PlannedAct::Send { peer },
+                        src,
+                        count(peer, true),
+                        protocol::for_send(&m, &link(peer), allowed),
+                    )
+                }
+                Op::Recv { peer, dst, with } => {
+                    let proto = protocol::expected(dst.len * esize, &link(peer), how.pull_min, allowed);
+                    (PlannedAct::Recv { peer, with }, dst, count(peer, false), proto)
+                }
+                Op::Copy { src, dst } => (PlannedAct::Copy { src }, dst, 0, Protocol::Stream),
+            };
+            let noop = order::access(op, aliased).is_noop();
+            let deps = order
+                .follows(j)
+                .iter()
+                .filter_map(|&(i, how)| match how {
+                    Follow::Segments => Some((i as u32, true)),
+                    Follow::Whole => Some((i as u32, false)),
+                    // Messages on one channel pair up in order through the per-peer queues.
+                    Follow::InOrder => None,
+                })
+                .collect();
+            tasks.push(TaskPlan { act, region, msg, proto, deps, has_dependents, noop });
+        }
+        steps.push(CompiledStep { tasks });
+    }
+    Ok(steps)
+}

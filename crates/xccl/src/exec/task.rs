@@ -1,0 +1,416 @@
+//! Tasks: the operations of the step being run, with their memory resolved, their
+//! progress, and the queries the loop asks of them (how far may this one go, which send to a
+//! peer is next, which receive does this frame fill).
+
+use std::time::Duration;
+
+use super::Ctx;
+use super::plan::{CompiledStep, PlannedAct};
+use crate::coll::CollKind;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::frame::Header;
+use crate::protocol::Protocol;
+use crate::reduce::{self, ReduceOp};
+use crate::schedule::Region;
+use crate::schedule::order::{self, Access, Channel, Extent, Follow};
+
+/// A byte range in memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) struct Span {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl Span {
+    /// Bytes `[from, to)` of the span, shared.
+    ///
+    /// # Safety
+    /// The span must be valid memory, and no mutable view of these bytes may be alive.
+    pub unsafe fn bytes<'a>(&self, from: usize, to: usize) -> &'a [u8] {
+        debug_assert!(from <= to && to <= self.len);
+        // SAFETY: forwarded to the caller.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(from), to - from) }
+    }
+
+    /// Bytes `[from, to)` of the span, exclusive.
+    ///
+    /// # Safety
+    /// The span must be valid, writable memory, and no other view of these bytes may be alive.
+    pub unsafe fn bytes_mut<'a>(&self, from: usize, to: usize) -> &'a mut [u8] {
+        debug_assert!(from <= to && to <= self.len);
+        // SAFETY: forwarded to the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(from), to - from) }
+    }
+}
+
+/// What an operation is, with its memory resolved.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum Act {
+    /// Send the span to `peer`.
+    Send { peer: usize },
+    /// Receive into the span from `peer`, combined with `with` if given.
+    Recv { peer: usize, with: Option<Span> },
+    /// Copy `src` into the span.
+    Copy { src: Span },
+}
+
+/// How an operation's messages are labelled on the wire.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum Label {
+    /// The `msg`-th message between this pair of ranks in this step of a collective.
+    Coll { msg: u32 },
+    /// A point-to-point message.
+    P2p { tag: u32, dtype: DType, seq: u64 },
+}
+
+/// One operation of the step being run.
+pub(super) struct Task {
+    pub act: Act,
+    /// Sends read it; receives and copies write it.
+    pub span: Span,
+    pub label: Label,
+    /// How its message travels: LL, eager, stream or pull for sends (a point-to-point send
+    /// chooses between stream and pull when its first frame goes); LL, eager or stream for
+    /// receives; stream for copies.
+    pub proto: Protocol,
+    /// Sends: bytes whose frames are out (for a pulled message, announced but perhaps not
+    /// yet acknowledged).
+    pub sent: usize,
+    /// Bytes finished: received and placed, or (sends) written or acknowledged, so that the
+    /// region may be touched again.
+    pub done: usize,
+    pub complete: bool,
+    /// A point-to-point receive already bound to an incoming message.
+    pub bound: bool,
+    /// Where in `StepRun::deps` the earlier tasks it must follow are listed.
+    pub deps: std::ops::Range<usize>,
+    /// Its completion was reported to the feed.
+    pub reported: bool,
+    /// A later task of the step must wait for it.
+    pub has_dependents: bool,
+    /// Sends: bytes of the message this rank wrote into the receiver's memory itself (a
+    /// split pull).
+    pub pushed: usize,
+    /// Receives: bytes the sender is writing into this receive's memory, not yet confirmed.
+    pub awaited: usize,
+}
+
+impl Task {
+    pub fn new(act: Act, span: Span, label: Label, proto: Protocol) -> Task {
+        Task {
+            act,
+            span,
+            label,
+            proto,
+            sent: 0,
+            done: 0,
+            complete: false,
+            bound: false,
+            deps: 0..0,
+            reported: false,
+            has_dependents: false,
+            pushed: 0,
+            awaited: 0,
+        }
+    }
+
+    /// What the task reads and writes, by address, and its channel.
+    fn access(&self) -> Access {
+        let at = |s: Span| Extent { space: 0, off: s.ptr as usize, len: s.len };
+        let (reads, writes, channel) = match self.act {
+            Act::Send { peer } => (Some(self.span), None, Some(Channel::To(peer))),
+            Act::Recv { with, peer } => (with, Some(self.span), Some(Channel::From(peer))),
+            Act::Copy { src } => (Some(src), Some(self.span), None),
+        };
+        Access { reads: reads.map(at), writes: writes.map(at), len: self.span.len, channel }
+    }
+
+    /// Marks the task done in one piece (a message written or placed whole).
+    pub fn finish(&mut self) {
+        (self.sent, self.done, self.complete) = (self.span.len, self.span.len, true);
+    }
+
+    /// Whether its message goes by LL.
+    pub fn ll(&self) -> bool {
+        self.proto == Protocol::Ll
+    }
+}
+
+/// Results at least this large are written around the caches (see
+/// [`reduce::combine_into_uncached`]): they cannot stay cached until they are read again.
+const UNCACHED_MIN: usize = 16 << 20;
+
+/// Combines `piece`, received for bytes `at..` of the receive into `dst`, with the same bytes
+/// of `with` (which may be `dst` itself).
+///
+/// # Safety
+/// `at + piece.len()` must lie within `dst` and `with` (of equal length), and no other view
+/// of those bytes of `dst` may be alive.
+pub(super) unsafe fn fold(
+    dtype: DType,
+    op: ReduceOp,
+    dst: Span,
+    with: Span,
+    at: usize,
+    piece: &[u8],
+) -> Result<()> {
+    let end = at + piece.len();
+    // SAFETY: forwarded to the caller.
+    let out = unsafe { dst.bytes_mut(at, end) };
+    if with.ptr == dst.ptr {
+        return reduce::combine(dtype, op, out, piece);
+    }
+    // SAFETY: as above; `with` is a different buffer, only read.
+    let with = unsafe { with.bytes(at, end) };
+    if dst.len >= UNCACHED_MIN {
+        reduce::combine_into_uncached(dtype, op, out, with, piece)
+    } else {
+        reduce::combine_into(dtype, op, out, with, piece)
+    }
+}
+
+/// The buffers of a step being run, kept by the engine between steps so that running one
+/// allocates nothing.
+#[derive(Default)]
+pub(super) struct StepBufs {
+    tasks: Vec<Task>,
+    /// The ordering dependencies of all tasks: (earlier task, segment by segment?).
+    deps: Vec<(usize, bool)>,
+    /// Per peer, its send and receive tasks in order.
+    sends: Vec<Vec<usize>>,
+    recvs: Vec<Vec<usize>>,
+    /// Peers with tasks, whose lists above need clearing.
+    touched: Vec<usize>,
+}
+
+/// One step being run.
+pub(super) struct StepRun<'a> {
+    pub ctx: Ctx<'a>,
+    pub tasks: Vec<Task>,
+    /// The ordering dependencies of all tasks: (earlier task, segment by segment?).
+    deps: Vec<(usize, bool)>,
+    /// Per peer, its send and receive tasks in order.
+    sends: Vec<Vec<usize>>,
+    recvs: Vec<Vec<usize>>,
+    /// Peers the step talks to.
+    pub touched: Vec<usize>,
+}
+
+impl<'a> StepRun<'a> {
+    /// An empty step over `nranks` ranks, reusing `bufs`.
+    pub fn new(ctx: Ctx<'a>, nranks: usize, bufs: StepBufs) -> Self {
+        let StepBufs { mut tasks, mut deps, mut sends, mut recvs, mut touched } = bufs;
+        tasks.clear();
+        deps.clear();
+        for &p in &touched {
+            sends[p].clear();
+            recvs[p].clear();
+        }
+        touched.clear();
+        sends.resize_with(nranks, Vec::new);
+        recvs.resize_with(nranks, Vec::new);
+        StepRun { ctx, tasks, deps, sends, recvs, touched }
+    }
+
+    /// Whether this is a step of a collective whose data flows one way (broadcast, scatter,
+    /// gather): a sender has nothing to do but send.
+    pub fn one_way(&self) -> bool {
+        matches!(self.ctx, Ctx::Coll { desc, .. } if desc.kind.one_way())
+    }
+
+    /// Gives the buffers back for the next step.
+    pub fn into_bufs(self) -> StepBufs {
+        let StepRun { tasks, deps, sends, recvs, touched, .. } = self;
+        StepBufs { tasks, deps, sends, recvs, touched }
+    }
+
+    /// Adds task `t` after the others, with the dependencies given.
+    fn add(&mut self, mut t: Task, deps: impl IntoIterator<Item = (usize, bool)>) -> usize {
+        let start = self.deps.len();
+        self.deps.extend(deps);
+        t.deps = start..self.deps.len();
+        let i = self.tasks.len();
+        match t.act {
+            Act::Send { peer } | Act::Recv { peer, .. } => {
+                if self.sends[peer].is_empty() && self.recvs[peer].is_empty() {
+                    self.touched.push(peer);
+                }
+                if matches!(t.act, Act::Send { .. }) {
+                    self.sends[peer].push(i);
+                } else {
+                    self.recvs[peer].push(i);
+                }
+            }
+            Act::Copy { .. } => {}
+        }
+        self.tasks.push(t);
+        i
+    }
+
+    /// Places compiled step `plan` on the operation's buffers (`span` resolves a region).
+    pub fn load(&mut self, plan: &CompiledStep, span: impl Fn(&Region) -> Span) {
+        for tp in &plan.tasks {
+            let act = match tp.act {
+                PlannedAct::Send { peer } => Act::Send { peer },
+                PlannedAct::Recv { peer, with } => Act::Recv { peer, with: with.map(|w| span(&w)) },
+                PlannedAct::Copy { src } => Act::Copy { src: span(&src) },
+            };
+            let mut t = Task::new(act, span(&tp.region), Label::Coll { msg: tp.msg }, tp.proto);
+            t.has_dependents = tp.has_dependents;
+            if tp.noop {
+                t.complete = true;
+                t.done = t.span.len;
+            }
+            self.add(t, tp.deps.iter().map(|&(d, fine)| (d as usize, fine)));
+        }
+    }
+
+    /// Adds a point-to-point task after the others, working out what it must follow.
+    /// Returns its index.
+    pub fn push(&mut self, t: Task) -> usize {
+        let mut deps = Vec::new();
+        let earlier: Vec<Access> = self.tasks.iter().map(Task::access).collect();
+        order::follows(&earlier, &t.access(), |i, how| match how {
+            Follow::Segments => deps.push((i, true)),
+            Follow::Whole => deps.push((i, false)),
+            // Messages on one channel pair up in order through the per-peer queues.
+            Follow::InOrder => {}
+        });
+        for &(i, _) in &deps {
+            self.tasks[i].has_dependents = true;
+        }
+        self.add(t, deps)
+    }
+
+    /// How long the peers may still be busy copying this rank's pulled messages: a rank
+    /// waiting for those acknowledgements keeps polling that much longer rather than sleep,
+    /// since being woken costs more than the wait (assumes a copy rate of 4 GB/s; at most
+    /// 10 ms).
+    pub fn copy_wait(&self) -> Duration {
+        let unacked: usize = self.tasks.iter().map(|t| t.sent.saturating_sub(t.done + t.pushed)).sum();
+        Duration::from_nanos((unacked / 4) as u64).min(Duration::from_millis(10))
+    }
+
+    /// The operation, described for error messages.
+    pub fn op(&self) -> String {
+        self.ctx.describe()
+    }
+
+    /// How far task `i` may go: the least progress among what it follows.
+    pub fn limit(&self, i: usize) -> usize {
+        let t = &self.tasks[i];
+        self.deps[t.deps.clone()].iter().fold(t.span.len, |lim, &(d, fine)| {
+            let dep = &self.tasks[d];
+            let allowed = if dep.complete {
+                usize::MAX
+            } else if fine {
+                dep.done
+            } else {
+                0
+            };
+            lim.min(allowed)
+        })
+    }
+
+    /// Bytes send task `i` may put in its next frame now: a full segment, or the rest of
+    /// its message, once that much is ready (0: wait).
+    pub fn send_ready(&self, i: usize, seg: usize) -> usize {
+        let t = &self.tasks[i];
+        let want = (t.span.len - t.sent).min(seg);
+        if self.limit(i).saturating_sub(t.sent) >= want { want } else { 0 }
+    }
+
+    /// The first send to `peer` with bytes not yet out.
+    pub fn next_send(&self, peer: usize) -> Option<usize> {
+        self.sends[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            !t.ll() && (t.sent < t.span.len || (t.span.len == 0 && !t.complete))
+        })
+    }
+
+    /// The first LL send to `peer` not yet written (LL messages pair up in order on their
+    /// own channel).
+    pub fn next_ll_send(&self, peer: usize) -> Option<usize> {
+        self.sends[peer].iter().copied().find(|&i| self.tasks[i].ll() && !self.tasks[i].complete)
+    }
+
+    /// The first LL receive from `peer` not yet complete.
+    pub fn next_ll_recv(&self, peer: usize) -> Option<usize> {
+        self.recvs[peer].iter().copied().find(|&i| self.tasks[i].ll() && !self.tasks[i].complete)
+    }
+
+    /// The send to `peer` that acknowledgement (or push request) `h` is for.
+    pub fn acked_send(&self, peer: usize, h: &Header) -> Option<usize> {
+        self.sends[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            t.sent > t.done + t.pushed
+                && match (self.ctx, t.label) {
+                    (Ctx::Coll { step, .. }, Label::Coll { msg }) => h.step == step && h.msg == msg,
+                    (_, Label::P2p { seq, .. }) => h.coll == CollKind::SendRecv && h.seq == seq,
+                    (Ctx::P2p, Label::Coll { .. }) => false,
+                }
+        })
+    }
+
+    /// The receive from `peer` that its next data or pull frame is for: the first not
+    /// complete, passing over those that only wait for the peer to confirm a push (their one
+    /// descriptor has come).
+    pub fn next_recv(&self, peer: usize) -> Option<usize> {
+        self.recvs[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            !t.ll() && !t.complete && t.awaited == 0
+        })
+    }
+
+    /// The receive from `peer` that push confirmation `h` is for.
+    pub fn pushed_recv(&self, peer: usize, h: &Header) -> Option<usize> {
+        let Ctx::Coll { step, .. } = self.ctx else { return None };
+        self.recvs[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            t.awaited > 0 && h.step == step && matches!(t.label, Label::Coll { msg } if msg == h.msg)
+        })
+    }
+
+    /// Whether a frame from `peer` is awaited: data, acknowledgements of pulled segments,
+    /// push requests or confirmations.
+    pub fn expects_from(&self, peer: usize) -> bool {
+        self.recvs[peer].iter().any(|&i| !self.tasks[i].ll() && !self.tasks[i].complete)
+            || self.sends[peer].iter().any(|&i| {
+                let t = &self.tasks[i];
+                t.sent > t.done + t.pushed
+            })
+    }
+
+    /// The first unbound point-to-point receive from `peer` with `tag`.
+    pub fn matching_recv(&self, peer: usize, tag: u32) -> Option<usize> {
+        self.recvs[peer].iter().copied().find(|&i| {
+            let t = &self.tasks[i];
+            !t.complete && !t.bound && matches!(t.label, Label::P2p { tag: tg, .. } if tg == tag)
+        })
+    }
+
+    /// Runs local copies as far as they may go; true if anything moved.
+    pub fn local_copies(&mut self) -> bool {
+        let mut progress = false;
+        for j in 0..self.tasks.len() {
+            let Act::Copy { src } = self.tasks[j].act else {
+                continue;
+            };
+            if self.tasks[j].complete {
+                continue;
+            }
+            let lim = self.limit(j);
+            let t = &mut self.tasks[j];
+            if lim > t.done {
+                // SAFETY: both ranges lie in the operation's buffers, do not overlap (checked
+                // in `StepRun::push`), and the ordering rule keeps other views away from them.
+                unsafe { t.span.bytes_mut(t.done, lim).copy_from_slice(src.bytes(t.done, lim)) };
+                t.done = lim;
+                t.complete = t.done == t.span.len;
+                progress = true;
+            }
+        }
+        progress
+    }
+}

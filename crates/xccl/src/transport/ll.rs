@@ -1,0 +1,297 @@
+//! The LL channel: a small channel beside each ring in which flag and data share a cache
+//! line, so that a receiver polls the data itself and a small message costs about one
+//! cache-line transfer, with no header and no separate counter to publish (the idea of
+//! NCCL's LL protocol).
+//!
+//! A channel is [`LL_LINES`] lines of 64 bytes and a `consumed` counter on a line of its own.
+//! Words 0-6 of a line carry data, word 7 its flag: the line's sequence number on the
+//! channel (the `k`-th line ever written carries `k`, from 1, so the zeroed memory of a new
+//! channel matches nothing). The writer stores the data words, then the flag with release
+//! ordering; the reader loads the flag with acquire ordering, then the data. Line `k` lives
+//! at index `(k - 1) % LL_LINES` and may be written once the reader has consumed line
+//! `k - LL_LINES`.
+//!
+//! A message is a label of two words (opaque here: the executor's operation signature)
+//! and its payload: its first line carries the label and 40 payload bytes, each further line
+//! 56. A message is written whole or not at all, and read only once its last line has
+//! arrived; it is handed to the reader in pieces of 40 and 56 bytes (the last one shorter),
+//! so every piece but the last is a multiple of 8 bytes and reductions over any element type
+//! work piece by piece.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Lines per channel.
+pub(crate) const LL_LINES: usize = 128;
+/// The most payload bytes one LL message may carry.
+pub(crate) const LL_MAX_BYTES: usize = crate::protocol::LL_MAX;
+
+/// Payload bytes in the first line of a message (after the two label words).
+const FIRST: usize = 40;
+/// Payload bytes in every further line.
+const REST: usize = 56;
+
+/// One cache line: seven data words and the flag.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+struct Line([AtomicU64; 8]);
+
+/// The shared memory of one channel (one direction between two ranks).
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct LlChannel {
+    lines: [Line; LL_LINES],
+    /// Lines ever read, written by the reader.
+    consumed: Line,
+}
+
+impl Default for LlChannel {
+    fn default() -> Self {
+        LlChannel { lines: std::array::from_fn(|_| Line::default()), consumed: Line::default() }
+    }
+}
+
+/// What [`LlRx::recv`] found.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LlRecv {
+    /// Nothing, or not the whole message yet.
+    Empty,
+    /// The message was read and handed over.
+    Done,
+    /// The next message carries this other label; nothing was consumed.
+    Other([u64; 2]),
+}
+
+/// Lines a message of `len` payload bytes takes.
+fn lines_for(len: usize) -> u64 {
+    1 + len.saturating_sub(FIRST).div_ceil(REST) as u64
+}
+
+impl LlChannel {
+    fn line(&self, seq: u64) -> &Line {
+        &self.lines[((seq - 1) % LL_LINES as u64) as usize]
+    }
+}
+
+/// The writing end of a channel.
+pub(crate) struct LlTx {
+    chan: *const LlChannel,
+    /// Lines ever written.
+    written: u64,
+    /// The reader's `consumed`, as last seen.
+    consumed_seen: u64,
+}
+
+// SAFETY: the writing end is used by one thread at a time (it is moved, not shared); the
+// channel it points to outlives it by `LlTx::new`'s contract.
+unsafe impl Send for LlTx {}
+
+impl LlTx {
+    /// # Safety
+    /// `chan` must point to a channel that stays valid for as long as this end is used, and
+    /// at most one writing end may ever be made for it.
+    pub unsafe fn new(chan: *const LlChannel) -> LlTx {
+        // SAFETY: forwarded to the caller.
+        let consumed = unsafe { &*chan }.consumed.0[0].load(Ordering::Acquire);
+        LlTx { chan, written: consumed, consumed_seen: consumed }
+    }
+
+    fn chan(&self) -> &LlChannel {
+        // SAFETY: `new`'s contract keeps the channel valid while this end is used.
+        unsafe { &*self.chan }
+    }
+
+    /// Writes one message labelled `label` made of `parts` (at most [`LL_MAX_BYTES`] in all)
+    /// if the channel has room for all of it; false, having written nothing, otherwise.
+    pub fn send(&mut self, label: [u64; 2], parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        debug_assert!(len <= LL_MAX_BYTES);
+        let need = lines_for(len);
+        if self.written + need - self.consumed_seen > LL_LINES as u64 {
+            self.consumed_seen = self.chan().consumed.0[0].load(Ordering::Acquire);
+            if self.written + need - self.consumed_seen > LL_LINES as u64 {
+                return false;
+            }
+        }
+        let mut bytes = parts.iter().flat_map(|p| p.iter().copied());
+        let mut word = || {
+            let mut w = [0u8; 8];
+            for b in &mut w {
+                match bytes.next() {
+                    Some(x) => *b = x,
+                    None => break,
+                }
+            }
+            u64::from_le_bytes(w)
+        };
+        for k in 0..need {
+            let seq = self.written + 1 + k;
+            let line = &self.chan().line(seq).0;
+            let first = if k == 0 {
+                line[0].store(label[0], Ordering::Relaxed);
+                line[1].store(label[1], Ordering::Relaxed);
+                2
+            } else {
+                0
+            };
+            for w in &line[first..7] {
+                w.store(word(), Ordering::Relaxed);
+            }
+            line[7].store(seq, Ordering::Release);
+        }
+        self.written += need;
+        true
+    }
+}
+
+/// The reading end of a channel.
+pub(crate) struct LlRx {
+    chan: *const LlChannel,
+    /// Lines ever read.
+    read: u64,
+}
+
+// SAFETY: as for `LlTx`.
+unsafe impl Send for LlRx {}
+
+impl LlRx {
+    /// # Safety
+    /// As for [`LlTx::new`], for the reading end.
+    pub unsafe fn new(chan: *const LlChannel) -> LlRx {
+        // SAFETY: forwarded to the caller.
+        let read = unsafe { &*chan }.consumed.0[0].load(Ordering::Acquire);
+        LlRx { chan, read }
+    }
+
+    fn chan(&self) -> &LlChannel {
+        // SAFETY: `new`'s contract keeps the channel valid while this end is used.
+        unsafe { &*self.chan }
+    }
+
+    /// Whether a message has begun to arrive and has not been read.
+    pub fn pending(&self) -> bool {
+        let seq = self.read + 1;
+        self.chan().line(seq).0[7].load(Ordering::Acquire) == seq
+    }
+
+    /// Reads the next message if it is labelled `label`, has `len` payload bytes and has
+    /// arrived whole, handing its payload to `f` in pieces (see the module docs).
+    pub fn recv(&mut self, label: [u64; 2], len: usize, f: &mut dyn FnMut(&[u8])) -> LlRecv {
+        let first = self.read + 1;
+        let head = &self.chan().line(first).0;
+        if head[7].load(Ordering::Acquire) != first {
+            return LlRecv::Empty;
+        }
+        let theirs = [head[0].load(Ordering::Relaxed), head[1].load(Ordering::Relaxed)];
+        if theirs != label {
+            return LlRecv::Other(theirs);
+        }
+        let need = lines_for(len);
+        let last = first + need - 1;
+        if need > 1 && self.chan().line(last).0[7].load(Ordering::Acquire) != last {
+            return LlRecv::Empty;
+        }
+        let mut left = len;
+        let mut piece = [0u8; REST];
+        for k in 0..need {
+            let line = &self.chan().line(first + k).0;
+            let from = if k == 0 { 2 } else { 0 };
+            let take = left.min(if k == 0 { FIRST } else { REST });
+            for (i, w) in line[from..7].iter().enumerate() {
+                piece[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            f(&piece[..take]);
+            left -= take;
+        }
+        self.read += need;
+        self.chan().consumed.0[0].store(self.read, Ordering::Release);
+        LlRecv::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Box<LlChannel>, LlTx, LlRx) {
+        let chan = Box::new(LlChannel::default());
+        let p: *const LlChannel = &*chan;
+        // SAFETY: the boxed channel outlives both ends in every test, which make one each.
+        unsafe { (chan, LlTx::new(p), LlRx::new(p)) }
+    }
+
+    fn message(len: usize, salt: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 + salt * 7) as u8).collect()
+    }
+
+    fn take(rx: &mut LlRx, label: [u64; 2], len: usize) -> (LlRecv, Vec<u8>, Vec<usize>) {
+        let (mut got, mut pieces) = (Vec::new(), Vec::new());
+        let r = rx.recv(label, len, &mut |p| {
+            pieces.push(p.len());
+            got.extend_from_slice(p);
+        });
+        (r, got, pieces)
+    }
+
+    #[test]
+    fn messages_of_every_size_come_out_in_order_across_many_wraps() {
+        let (_c, mut tx, mut rx) = pair();
+        for round in 0..400usize {
+            let len = [0, 1, 8, 40, 41, 96, 97, 1000, 4096][round % 9];
+            let msg = message(len, round);
+            let label = [round as u64, 1 << 63];
+            let (a, b) = msg.split_at(len / 3);
+            assert!(tx.send(label, &[a, b]), "round {round}");
+            assert!(rx.pending());
+            let (r, got, pieces) = take(&mut rx, label, len);
+            assert_eq!(r, LlRecv::Done);
+            assert_eq!(got, msg, "round {round}");
+            assert!(pieces[..pieces.len() - 1].iter().all(|p| p % 8 == 0), "{pieces:?}");
+            assert!(!rx.pending());
+        }
+    }
+
+    #[test]
+    fn a_full_channel_refuses_and_a_wrong_label_consumes_nothing() {
+        let (_c, mut tx, mut rx) = pair();
+        let big = message(LL_MAX_BYTES, 1);
+        assert!(tx.send([1, 1], &[&big]));
+        // 74 lines used of 128: another of the same size does not fit, a small one does.
+        assert!(!tx.send([2, 2], &[&big]));
+        assert!(tx.send([3, 3], &[&message(100, 2)]));
+        assert_eq!(take(&mut rx, [9, 9], LL_MAX_BYTES).0, LlRecv::Other([1, 1]));
+        assert_eq!(take(&mut rx, [1, 1], LL_MAX_BYTES).1, big);
+        assert!(tx.send([2, 2], &[&big]));
+        assert_eq!(take(&mut rx, [3, 3], 100).1, message(100, 2));
+        assert_eq!(take(&mut rx, [2, 2], LL_MAX_BYTES).1, big);
+        assert_eq!(take(&mut rx, [2, 2], 8).0, LlRecv::Empty);
+    }
+
+    #[test]
+    fn two_threads_pass_many_messages_intact() {
+        let (chan, mut tx, mut rx) = pair();
+        let n = 100_000usize;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..n {
+                    let msg = message((i * 37) % (LL_MAX_BYTES + 1), i);
+                    while !tx.send([i as u64, 7], &[&msg]) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            for i in 0..n {
+                let len = (i * 37) % (LL_MAX_BYTES + 1);
+                loop {
+                    let (r, got, _) = take(&mut rx, [i as u64, 7], len);
+                    if r == LlRecv::Done {
+                        assert_eq!(got, message(len, i), "message {i}");
+                        break;
+                    }
+                    assert_eq!(r, LlRecv::Empty, "message {i}");
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        drop(chan);
+    }
+}
