@@ -5,7 +5,27 @@
 //! and receives the next ones from `rank + 2^k`. All-to-all: in round `k` every block whose
 //! position has bit `k` set moves `2^k` ranks on, packed into one message.
 
+use super::{Algorithm, Declaration, Implementation, Shape, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Bruck,
+    name: "bruck",
+    implements: &[
+        Implementation {
+            kind: CollKind::AllGather,
+            supports: always,
+            build: |c| Some(all_gather(c.rank, c.gather()?)),
+        },
+        Implementation {
+            kind: CollKind::AllToAll,
+            supports: |_, shape| matches!(shape, Shape::Count(_)),
+            build: |c| Some(all_to_all(c.rank, c.n(), c.count()?)),
+        },
+    ],
+};
 
 /// All-gather; blocks may be uneven (all-gather-v).
 pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {

@@ -9,6 +9,8 @@
 //! relabelled ranks: mirrored (`n - 1 - r`) when `n` is even, shifted by one when it is odd,
 //! either way turning odd labels into even ranks.
 
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
 
 /// A tree over ranks `0..n`: the parent (none for the root) and the children of each rank.
@@ -16,6 +18,17 @@ pub(super) struct Tree {
     pub parent: Vec<Option<usize>>,
     pub children: Vec<Vec<usize>>,
 }
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::DoubleBinaryTree,
+    name: "dbtree",
+    implements: &[Implementation {
+        kind: CollKind::AllReduce,
+        supports: always,
+        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
+    }],
+};
 
 /// Parent and children of every position `0..n` in the lowest-set-bit in-order tree.
 fn lowbit_tree(n: usize) -> Tree {

@@ -4,8 +4,21 @@
 //! Every rank has the same number of steps (ranks idle in a phase have empty steps), which
 //! keeps the steps of communicating ranks aligned.
 
+use super::{Algorithm, Declaration, Implementation, always};
 use super::{ring, tree};
+use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Hierarchical,
+    name: "hierarchical",
+    implements: &[Implementation {
+        kind: CollKind::AllReduce,
+        supports: always,
+        build: |c| Some(all_reduce(c.rank, c.hosts, c.count()?)),
+    }],
+};
 
 /// All-reduce of `count` elements; `hosts[r]` names the host of rank `r`.
 pub fn all_reduce(rank: usize, hosts: &[usize], count: usize) -> Program {

@@ -3,7 +3,32 @@
 //! root's buffer at once, so a broadcast costs one copy per rank, all in parallel, with no
 //! rank waiting for another to pass the data on.
 
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Linear,
+    name: "linear",
+    implements: &[
+        Implementation {
+            kind: CollKind::Broadcast,
+            supports: always,
+            build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
+        },
+        Implementation {
+            kind: CollKind::Scatter,
+            supports: always,
+            build: |c| Some(scatter(c.rank, c.n(), c.count()?, c.root)),
+        },
+        Implementation {
+            kind: CollKind::Gather,
+            supports: always,
+            build: |c| Some(gather(c.rank, c.n(), c.count()?, c.root)),
+        },
+    ],
+};
 
 /// Ranks other than the root, starting after it, so that roots spread their first sends.
 fn others(n: usize, root: usize) -> impl Iterator<Item = usize> {

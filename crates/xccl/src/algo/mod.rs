@@ -1,7 +1,11 @@
 //! Algorithms: pure functions from `(rank, nranks, shape, root)` to a [`Program`].
 //!
-//! Each algorithm lives in its own module. [`build`] maps a collective and an algorithm to
-//! its schedule; [`tune`] predicts every candidate's time from its schedule and picks the
+//! Each algorithm lives in its own file and declares there what it implements (its
+//! `DECLARATION`: its name, and for each collective whether it runs on a layout and how it
+//! builds the schedule); this module keeps the wire tags (the [`Algorithm`] enum) and the
+//! one list of declarations, from which names, [`Algorithm::for_collective`] and
+//! [`Algorithm::supports`] follow. [`build`] maps a collective and an algorithm to its
+//! schedule; [`tune`] predicts every candidate's time from its schedule and picks the
 //! fastest, unless the environment names one (`XCCL_ALGO=allreduce:ring,broadcast:chain`).
 //! All ranks must run the same algorithm; the choice travels in every frame header, so a
 //! rank configured differently gets a mismatch error rather than a deadlock.
@@ -27,6 +31,7 @@ pub mod tune;
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -70,45 +75,114 @@ pub enum Algorithm {
     Direct = 15,
 }
 
+/// What one algorithm implements, declared in the algorithm's own file.
+pub(crate) struct Declaration {
+    /// The algorithm.
+    pub algo: Algorithm,
+    /// Its name in `XCCL_ALGO` and in messages.
+    pub name: &'static str,
+    /// The collectives it implements.
+    pub implements: &'static [Implementation],
+}
+
+/// One collective an algorithm implements.
+pub(crate) struct Implementation {
+    /// The collective.
+    pub kind: CollKind,
+    /// Whether it runs on `n` ranks with this layout.
+    pub supports: fn(usize, &Shape) -> bool,
+    /// The schedule of one rank; `None` for a layout it does not take.
+    pub build: fn(&Call<'_>) -> Option<Program>,
+}
+
+/// Everything a schedule depends on: the calling rank, the hosts of all ranks (their number
+/// is the world size), the root and the layout.
+pub(crate) struct Call<'a> {
+    /// The rank whose schedule is built.
+    pub rank: usize,
+    /// `hosts[r]` is the host of rank `r`.
+    pub hosts: &'a [usize],
+    /// The root of rooted collectives.
+    pub root: usize,
+    /// The data layout.
+    pub shape: &'a Shape,
+}
+
+impl Call<'_> {
+    /// Ranks.
+    pub fn n(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// The count of a [`Shape::Count`] layout.
+    pub fn count(&self) -> Option<usize> {
+        match self.shape {
+            Shape::Count(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// The blocks of a [`Shape::Gather`] layout.
+    pub fn gather(&self) -> Option<&Blocks> {
+        match self.shape {
+            Shape::Gather(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The blocks of a [`Shape::Scatter`] layout.
+    pub fn scatter(&self) -> Option<&Blocks> {
+        match self.shape {
+            Shape::Scatter(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// For implementations that run on any number of ranks with any layout.
+fn always(_: usize, _: &Shape) -> bool {
+    true
+}
+
+/// Every algorithm's declaration. Their order is the order of preference where predictions
+/// tie, and the first that implements a collective is its fallback default.
+const DECLARATIONS: [&Declaration; 15] = [
+    &ring::DECLARATION,
+    &reduce_broadcast::DECLARATION,
+    &recursive_doubling::DECLARATION,
+    &rabenseifner::DECLARATION,
+    &dbtree::DECLARATION,
+    &hierarchical::DECLARATION,
+    &pairwise::DECLARATION,
+    &bruck::DECLARATION,
+    &recursive_halving::DECLARATION,
+    &direct::DECLARATION,
+    &tree::DECLARATION,
+    &scatter_allgather::DECLARATION,
+    &chain::DECLARATION,
+    &linear::DECLARATION,
+    &dissemination::DECLARATION,
+];
+
 impl Algorithm {
-    /// Every algorithm.
-    pub const ALL: [Algorithm; 15] = [
-        Algorithm::Ring,
-        Algorithm::Binomial,
-        Algorithm::Linear,
-        Algorithm::Pairwise,
-        Algorithm::ReduceBroadcast,
-        Algorithm::Dissemination,
-        Algorithm::RecursiveDoubling,
-        Algorithm::Rabenseifner,
-        Algorithm::DoubleBinaryTree,
-        Algorithm::Hierarchical,
-        Algorithm::Bruck,
-        Algorithm::RecursiveHalving,
-        Algorithm::ScatterAllGather,
-        Algorithm::Chain,
-        Algorithm::Direct,
-    ];
+    /// Every algorithm, in the order of the declarations.
+    pub const ALL: [Algorithm; DECLARATIONS.len()] = {
+        let mut all = [Algorithm::Ring; DECLARATIONS.len()];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = DECLARATIONS[i].algo;
+            i += 1;
+        }
+        all
+    };
+
+    fn declaration(self) -> &'static Declaration {
+        DECLARATIONS.iter().copied().find(|d| d.algo == self).unwrap_or(DECLARATIONS[0])
+    }
 
     /// The name used in `XCCL_ALGO` and in messages.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Binomial => "binomial",
-            Algorithm::Linear => "linear",
-            Algorithm::Pairwise => "pairwise",
-            Algorithm::ReduceBroadcast => "reduce_broadcast",
-            Algorithm::Dissemination => "dissemination",
-            Algorithm::RecursiveDoubling => "recursive_doubling",
-            Algorithm::Rabenseifner => "rabenseifner",
-            Algorithm::DoubleBinaryTree => "dbtree",
-            Algorithm::Hierarchical => "hierarchical",
-            Algorithm::Bruck => "bruck",
-            Algorithm::RecursiveHalving => "recursive_halving",
-            Algorithm::ScatterAllGather => "scatter_allgather",
-            Algorithm::Chain => "chain",
-            Algorithm::Direct => "direct",
-        }
+    pub fn name(self) -> &'static str {
+        self.declaration().name
     }
 
     /// The algorithm a wire tag names, if any.
@@ -118,38 +192,31 @@ impl Algorithm {
 
     /// The algorithms that implement `kind`, the fallback default first.
     pub fn for_collective(kind: CollKind) -> &'static [Algorithm] {
-        use Algorithm as A;
-        match kind {
-            CollKind::AllReduce => &[
-                A::Ring,
-                A::ReduceBroadcast,
-                A::RecursiveDoubling,
-                A::Rabenseifner,
-                A::DoubleBinaryTree,
-                A::Hierarchical,
-                A::Direct,
-            ],
-            CollKind::AllGather => &[A::Ring, A::RecursiveDoubling, A::Bruck, A::Direct],
-            CollKind::ReduceScatter => &[A::Ring, A::RecursiveHalving, A::Direct],
-            CollKind::Broadcast => &[A::Binomial, A::ScatterAllGather, A::Chain, A::Linear],
-            CollKind::Reduce => &[A::Binomial],
-            CollKind::Scatter | CollKind::Gather => &[A::Linear],
-            CollKind::AllToAll => &[A::Pairwise, A::Bruck],
-            CollKind::Barrier => &[A::Dissemination],
-            CollKind::SendRecv => &[],
-        }
+        static LISTS: OnceLock<Vec<(CollKind, Vec<Algorithm>)>> = OnceLock::new();
+        let lists = LISTS.get_or_init(|| {
+            CollKind::COLLECTIVES
+                .into_iter()
+                .map(|k| {
+                    let algos = DECLARATIONS
+                        .iter()
+                        .filter(|d| d.implements.iter().any(|i| i.kind == k))
+                        .map(|d| d.algo)
+                        .collect();
+                    (k, algos)
+                })
+                .collect()
+        });
+        lists.iter().find(|(k, _)| *k == kind).map_or(&[], |(_, a)| a.as_slice())
+    }
+
+    /// How this algorithm implements `kind`, if it does.
+    fn implementation(self, kind: CollKind) -> Option<&'static Implementation> {
+        self.declaration().implements.iter().find(|i| i.kind == kind)
     }
 
     /// Whether this algorithm can run `kind` on `n` ranks with this data layout.
     pub fn supports(self, kind: CollKind, n: usize, shape: &Shape) -> bool {
-        if !Algorithm::for_collective(kind).contains(&self) {
-            return false;
-        }
-        match (kind, self) {
-            (CollKind::AllGather, Algorithm::RecursiveDoubling) => n.is_power_of_two(),
-            (CollKind::AllToAll, Algorithm::Bruck) => matches!(shape, Shape::Count(_)),
-            _ => true,
-        }
+        self.implementation(kind).is_some_and(|i| (i.supports)(n, shape))
     }
 }
 
@@ -272,7 +339,6 @@ pub fn build(
     root: usize,
     shape: &Shape,
 ) -> Result<Program> {
-    use Algorithm as A;
     use CollKind as K;
     let n = hosts.len();
     if !algo.supports(kind, n, shape) {
@@ -293,51 +359,24 @@ pub fn build(
     if n == 1 {
         return Ok(alone(kind, shape));
     }
-    let program = match (kind, algo, shape) {
-        (K::AllReduce, A::Ring, Shape::Count(c)) => ring::all_reduce(rank, n, *c),
-        (K::AllReduce, A::ReduceBroadcast, Shape::Count(c)) => reduce_broadcast::all_reduce(rank, n, *c),
-        (K::AllReduce, A::RecursiveDoubling, Shape::Count(c)) => recursive_doubling::all_reduce(rank, n, *c),
-        (K::AllReduce, A::Rabenseifner, Shape::Count(c)) => rabenseifner::all_reduce(rank, n, *c),
-        (K::AllReduce, A::DoubleBinaryTree, Shape::Count(c)) => dbtree::all_reduce(rank, n, *c),
-        (K::AllReduce, A::Hierarchical, Shape::Count(c)) => hierarchical::all_reduce(rank, hosts, *c),
-        (K::AllReduce, A::Direct, Shape::Count(c)) => direct::all_reduce(rank, n, *c),
-        (K::AllGather, _, Shape::Count(c)) => {
-            return build(kind, algo, rank, hosts, root, &Shape::Gather(Blocks::uniform(*c, n)));
+    // An even all-gather or reduce-scatter is the uniform layout of its uneven form.
+    let uniform;
+    let shape = match (kind, shape) {
+        (K::AllGather, Shape::Count(c)) => {
+            uniform = Shape::Gather(Blocks::uniform(*c, n));
+            &uniform
         }
-        (K::AllGather, A::Ring, Shape::Gather(blocks)) => ring::all_gather(rank, blocks),
-        (K::AllGather, A::RecursiveDoubling, Shape::Gather(blocks)) => {
-            recursive_doubling::all_gather(rank, blocks)
+        (K::ReduceScatter, Shape::Count(c)) => {
+            uniform = Shape::Scatter(Blocks::uniform(*c, n));
+            &uniform
         }
-        (K::AllGather, A::Bruck, Shape::Gather(blocks)) => bruck::all_gather(rank, blocks),
-        (K::AllGather, A::Direct, Shape::Gather(blocks)) => direct::all_gather(rank, blocks),
-        (K::ReduceScatter, _, Shape::Count(c)) => {
-            return build(kind, algo, rank, hosts, root, &Shape::Scatter(Blocks::uniform(*c, n)));
-        }
-        (K::ReduceScatter, A::Ring, Shape::Scatter(blocks)) => ring::reduce_scatter(rank, blocks),
-        (K::ReduceScatter, A::RecursiveHalving, Shape::Scatter(blocks)) => {
-            recursive_halving::reduce_scatter(rank, blocks)
-        }
-        (K::ReduceScatter, A::Direct, Shape::Scatter(blocks)) => direct::reduce_scatter(rank, blocks),
-        (K::Broadcast, A::Binomial, Shape::Count(c)) => tree::broadcast(rank, n, *c, root),
-        (K::Broadcast, A::ScatterAllGather, Shape::Count(c)) => {
-            scatter_allgather::broadcast(rank, n, *c, root)
-        }
-        (K::Broadcast, A::Chain, Shape::Count(c)) => chain::broadcast(rank, n, *c, root),
-        (K::Broadcast, A::Linear, Shape::Count(c)) => linear::broadcast(rank, n, *c, root),
-        (K::Reduce, A::Binomial, Shape::Count(c)) => tree::reduce(rank, n, *c, root),
-        (K::Scatter, A::Linear, Shape::Count(c)) => linear::scatter(rank, n, *c, root),
-        (K::Gather, A::Linear, Shape::Count(c)) => linear::gather(rank, n, *c, root),
-        (K::AllToAll, A::Pairwise, Shape::Count(c)) => {
-            let b = Blocks::uniform(*c, n);
-            pairwise::all_to_all(rank, &b, &b)
-        }
-        (K::AllToAll, A::Pairwise, Shape::Exchange { send, recv }) => pairwise::all_to_all(rank, send, recv),
-        (K::AllToAll, A::Bruck, Shape::Count(c)) => bruck::all_to_all(rank, n, *c),
-        (K::Barrier, A::Dissemination, Shape::Count(0)) => dissemination::barrier(rank, n),
-        _ => {
-            return Err(Error::Internal(format!("no schedule for {kind} by {algo} with {shape:?}")));
-        }
+        _ => shape,
     };
+    let call = Call { rank, hosts, root, shape };
+    let program = algo
+        .implementation(kind)
+        .and_then(|i| (i.build)(&call))
+        .ok_or_else(|| Error::Internal(format!("no schedule for {kind} by {algo} with {shape:?}")))?;
     Ok(program)
 }
 
@@ -375,6 +414,53 @@ mod tests {
                 assert!(build(kind, algo, 0, &hosts, 0, &wrong).is_err());
             }
         }
+    }
+
+    #[test]
+    fn every_algorithm_is_declared_once_and_the_lists_keep_their_order() {
+        use Algorithm as A;
+        for a in Algorithm::ALL {
+            assert_eq!(DECLARATIONS.iter().filter(|d| d.algo == a).count(), 1, "{a:?}");
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(Algorithm::from_tag(a as u8), Some(a));
+        }
+        let mut tags: Vec<u8> = Algorithm::ALL.iter().map(|a| *a as u8).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), Algorithm::ALL.len());
+        // The fallback default of each collective comes first.
+        let lists: [(CollKind, &[Algorithm]); 9] = [
+            (
+                CollKind::AllReduce,
+                &[
+                    A::Ring,
+                    A::ReduceBroadcast,
+                    A::RecursiveDoubling,
+                    A::Rabenseifner,
+                    A::DoubleBinaryTree,
+                    A::Hierarchical,
+                    A::Direct,
+                ],
+            ),
+            (CollKind::AllGather, &[A::Ring, A::RecursiveDoubling, A::Bruck, A::Direct]),
+            (CollKind::ReduceScatter, &[A::Ring, A::RecursiveHalving, A::Direct]),
+            (CollKind::Broadcast, &[A::Binomial, A::ScatterAllGather, A::Chain, A::Linear]),
+            (CollKind::Reduce, &[A::Binomial]),
+            (CollKind::Scatter, &[A::Linear]),
+            (CollKind::Gather, &[A::Linear]),
+            (CollKind::AllToAll, &[A::Pairwise, A::Bruck]),
+            (CollKind::Barrier, &[A::Dissemination]),
+        ];
+        for (kind, want) in lists {
+            assert_eq!(Algorithm::for_collective(kind), want, "{kind}");
+        }
+        assert!(Algorithm::for_collective(CollKind::SendRecv).is_empty());
+        assert!(!A::RecursiveDoubling.supports(CollKind::AllGather, 6, &Shape::Count(1)));
+        assert!(!A::Bruck.supports(
+            CollKind::AllToAll,
+            4,
+            &Shape::Exchange { send: Blocks::uniform(1, 4), recv: Blocks::uniform(1, 4) }
+        ));
     }
 
     #[test]

@@ -1,7 +1,27 @@
 //! Pairwise-exchange all-to-all: in round `s` rank `r` sends to `r + s` and receives from
 //! `r - s`, so every round is a perfect matching of senders and receivers.
 
+use super::{Algorithm, Declaration, Implementation, Shape, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Pairwise,
+    name: "pairwise",
+    implements: &[Implementation {
+        kind: CollKind::AllToAll,
+        supports: always,
+        build: |c| match c.shape {
+            Shape::Count(block) => {
+                let b = Blocks::uniform(*block, c.n());
+                Some(all_to_all(c.rank, &b, &b))
+            }
+            Shape::Exchange { send, recv } => Some(all_to_all(c.rank, send, recv)),
+            _ => None,
+        },
+    }],
+};
 
 /// All-to-all: block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank `j`.
 pub fn all_to_all(rank: usize, send: &Blocks, recv: &Blocks) -> Program {

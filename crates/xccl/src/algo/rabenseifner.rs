@@ -4,7 +4,20 @@
 //! Non-powers of two fold (see `fold`).
 
 use super::fold::{Fold, Role};
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Rabenseifner,
+    name: "rabenseifner",
+    implements: &[Implementation {
+        kind: CollKind::AllReduce,
+        supports: always,
+        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
+    }],
+};
 
 /// All-reduce of `count` elements.
 pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {

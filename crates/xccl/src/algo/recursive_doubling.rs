@@ -3,7 +3,27 @@
 //! latency-optimal choice for small messages. Non-powers of two fold (see `fold`).
 
 use super::fold::{Fold, Role};
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::RecursiveDoubling,
+    name: "recursive_doubling",
+    implements: &[
+        Implementation {
+            kind: CollKind::AllReduce,
+            supports: always,
+            build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
+        },
+        Implementation {
+            kind: CollKind::AllGather,
+            supports: |n, _| n.is_power_of_two(),
+            build: |c| Some(all_gather(c.rank, c.gather()?)),
+        },
+    ],
+};
 
 /// All-reduce of `count` elements. Partners combine the same two values, so every rank ends
 /// with the same bits.

@@ -3,7 +3,20 @@
 //! deterministic, but the root moves `2 (n - 1)` buffers, so it only suits small messages or
 //! a deliberate server topology.
 
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::ReduceBroadcast,
+    name: "reduce_broadcast",
+    implements: &[Implementation {
+        kind: CollKind::AllReduce,
+        supports: always,
+        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
+    }],
+};
 
 /// The rank that plays the server.
 const SERVER: usize = 0;

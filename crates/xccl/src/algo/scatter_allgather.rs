@@ -3,7 +3,20 @@
 //! the message, whatever `n`: the large-message broadcast.
 
 use super::ring;
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::ScatterAllGather,
+    name: "scatter_allgather",
+    implements: &[Implementation {
+        kind: CollKind::Broadcast,
+        supports: always,
+        build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
+    }],
+};
 
 /// Broadcast of `count` elements from `root`.
 pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {

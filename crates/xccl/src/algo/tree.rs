@@ -5,7 +5,27 @@
 //! bit. Because a rank's receive and its sends share one step and one region, segments flow
 //! down (or up) the tree as soon as they arrive instead of waiting for whole messages.
 
+use super::{Algorithm, Declaration, Implementation, always};
+use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region, Step};
+
+/// What this file implements.
+pub(super) const DECLARATION: Declaration = Declaration {
+    algo: Algorithm::Binomial,
+    name: "binomial",
+    implements: &[
+        Implementation {
+            kind: CollKind::Broadcast,
+            supports: always,
+            build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
+        },
+        Implementation {
+            kind: CollKind::Reduce,
+            supports: always,
+            build: |c| Some(reduce(c.rank, c.n(), c.count()?, c.root)),
+        },
+    ],
+};
 
 /// The parent of position `v` (none for the root) and its children, nearest first.
 fn family(v: usize, n: usize) -> (Option<usize>, Vec<usize>) {
