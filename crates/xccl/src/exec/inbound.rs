@@ -330,7 +330,7 @@ impl Engine {
             return Err(protocol(format!("step {} message {} arrived but none was expected", h.step, h.msg)));
         };
         let t = &run.tasks[i];
-        let Label::Coll { msg } = t.label else { unreachable!("collective step has collective labels") };
+        let Label::Coll { msg, .. } = t.label else { unreachable!("collective step has collective labels") };
         if h.step != step || h.msg != msg {
             return Err(protocol(format!(
                 "got step {} message {}, expected step {step} message {msg}: the ranks' schedules disagree",

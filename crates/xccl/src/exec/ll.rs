@@ -21,8 +21,9 @@ use crate::transport::LlRecv;
 /// Set in every signature word, so that a label is never all zeros.
 const SIGNED: u64 = 1 << 63;
 
-/// The label of LL message `msg` (of `len` bytes) of step `step` of `desc`.
-fn label(desc: &OpDesc, step: u32, msg: u32, len: usize) -> [u64; 2] {
+/// The second word of the label of LL message `msg` (of `len` bytes) of step `step` of
+/// `desc`: a signature of everything but the sequence number, worked out once per plan.
+pub(super) fn signature(desc: &OpDesc, step: u32, msg: u32, len: usize) -> u64 {
     // FNV-1a over the fields, the same on every rank (no random state).
     let fields = [
         desc.kind as u64,
@@ -40,15 +41,20 @@ fn label(desc: &OpDesc, step: u32, msg: u32, len: usize) -> [u64; 2] {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-    [desc.seq, SIGNED | (h & 0x7fff_ffff_0000_0000) | u64::from(step)]
+    SIGNED | (h & 0x7fff_ffff_0000_0000) | u64::from(step)
+}
+
+/// The label of LL message `msg` (of `len` bytes) of step `step` of `desc`.
+#[cfg(test)]
+fn label(desc: &OpDesc, step: u32, msg: u32, len: usize) -> [u64; 2] {
+    [desc.seq, signature(desc, step, msg, len)]
 }
 
 impl Engine {
     /// The label task `i`'s message carries.
     fn ll_label(run: &StepRun<'_>, i: usize) -> Result<[u64; 2]> {
-        let t = &run.tasks[i];
-        match (run.ctx, t.label) {
-            (Ctx::Coll { desc, step }, Label::Coll { msg }) => Ok(label(desc, step, msg, t.span.len)),
+        match (run.ctx, run.tasks[i].label) {
+            (Ctx::Coll { desc, .. }, Label::Coll { sig, .. }) => Ok([desc.seq, sig]),
             _ => Err(Error::Internal("an LL message outside a collective step".into())),
         }
     }
@@ -65,7 +71,7 @@ impl Engine {
         // writes it while this send reads it.
         let bytes = unsafe { t.span.bytes(0, t.span.len) };
         let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
-        link.ll_send(label, &[bytes]).map_err(|e| lost(run.op(), peer, e))
+        link.ll_send(label, bytes).map_err(|e| lost(run.op(), peer, e))
     }
 
     /// Reads LL receive task `i` from `peer` if its message has arrived and the earlier LL
@@ -162,7 +168,7 @@ impl Engine {
     fn ll_mismatch(&self, run: &StepRun<'_>, i: usize, peer: usize, theirs: [u64; 2]) -> Error {
         let t = &run.tasks[i];
         let (local, ours) = match (run.ctx, t.label) {
-            (Ctx::Coll { desc, step }, Label::Coll { msg }) => {
+            (Ctx::Coll { desc, step }, Label::Coll { msg, .. }) => {
                 let how = if t.ll() { "by LL" } else { "as a frame" };
                 let local =
                     format!("{desc} expecting step {step} message {msg} ({} bytes) {how}", t.span.len);

@@ -173,7 +173,7 @@ impl Engine {
     pub(super) fn frame_for(&self, run: &StepRun<'_>, i: usize, len: usize, pull: bool) -> OutFrame {
         let t = &run.tasks[i];
         let mut h = match (run.ctx, t.label) {
-            (Ctx::Coll { desc, step }, Label::Coll { msg }) => Header::data(self.comm, desc, step, msg),
+            (Ctx::Coll { desc, step }, Label::Coll { msg, .. }) => Header::data(self.comm, desc, step, msg),
             (_, Label::P2p { tag, dtype, seq }) => {
                 let mut h = Header::control(FrameKind::Data, self.comm, 0);
                 h.seq = seq;

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use super::ll;
 use super::peer::Peer;
 use crate::error::{Error, Result};
 use crate::frame::OpDesc;
@@ -88,6 +89,8 @@ pub(super) struct TaskPlan {
     pub region: Region,
     /// Its index among the step's messages to (sends) or from (receives) its peer.
     pub msg: u32,
+    /// LL messages: the signature their label carries.
+    pub sig: u64,
     /// Sends: the protocol; receives: LL, eager or stream (the sender's frames tell
     /// streamed from pulled); copies: stream, unused.
     pub proto: Protocol,
@@ -139,7 +142,7 @@ fn compile(
     let one_way = desc.kind.one_way() && how.spinning;
     let esize = desc.dtype.size();
     let mut steps = Vec::with_capacity(program.steps.len());
-    for step in &program.steps {
+    for (s, step) in program.steps.iter().enumerate() {
         let order = StepOrder::of(step, aliased)?;
         // A large one-way message streams only where it is the step's only send or copy.
         let sole = step.ops.iter().filter(|op| !matches!(op, Op::Recv { .. })).count() == 1;
@@ -192,7 +195,12 @@ fn compile(
                     Follow::InOrder => None,
                 })
                 .collect();
-            tasks.push(TaskPlan { act, region, msg, proto, deps, has_dependents, noop });
+            let sig = if proto == Protocol::Ll {
+                ll::signature(desc, s as u32, msg, region.len * esize)
+            } else {
+                0
+            };
+            tasks.push(TaskPlan { act, region, msg, sig, proto, deps, has_dependents, noop });
         }
         steps.push(CompiledStep { tasks });
     }

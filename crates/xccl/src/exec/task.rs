@@ -58,8 +58,9 @@ pub(super) enum Act {
 /// How an operation's messages are labelled on the wire.
 #[derive(Copy, Clone, Debug)]
 pub(super) enum Label {
-    /// The `msg`-th message between this pair of ranks in this step of a collective.
-    Coll { msg: u32 },
+    /// The `msg`-th message between this pair of ranks in this step of a collective; an LL
+    /// message also carries its signature (`ll::signature`).
+    Coll { msg: u32, sig: u64 },
     /// A point-to-point message.
     P2p { tag: u32, dtype: DType, seq: u64 },
 }
@@ -256,7 +257,7 @@ impl<'a> StepRun<'a> {
                 PlannedAct::Recv { peer, with } => Act::Recv { peer, with: with.map(|w| span(&w)) },
                 PlannedAct::Copy { src } => Act::Copy { src: span(&src) },
             };
-            let mut t = Task::new(act, span(&tp.region), Label::Coll { msg: tp.msg }, tp.proto);
+            let mut t = Task::new(act, span(&tp.region), Label::Coll { msg: tp.msg, sig: tp.sig }, tp.proto);
             t.has_dependents = tp.has_dependents;
             if tp.noop {
                 t.complete = true;
@@ -346,7 +347,7 @@ impl<'a> StepRun<'a> {
             let t = &self.tasks[i];
             t.sent > t.done + t.pushed
                 && match (self.ctx, t.label) {
-                    (Ctx::Coll { step, .. }, Label::Coll { msg }) => h.step == step && h.msg == msg,
+                    (Ctx::Coll { step, .. }, Label::Coll { msg, .. }) => h.step == step && h.msg == msg,
                     (_, Label::P2p { seq, .. }) => h.coll == CollKind::SendRecv && h.seq == seq,
                     (Ctx::P2p, Label::Coll { .. }) => false,
                 }
@@ -368,7 +369,7 @@ impl<'a> StepRun<'a> {
         let Ctx::Coll { step, .. } = self.ctx else { return None };
         self.recvs[peer].iter().copied().find(|&i| {
             let t = &self.tasks[i];
-            t.awaited > 0 && h.step == step && matches!(t.label, Label::Coll { msg } if msg == h.msg)
+            t.awaited > 0 && h.step == step && matches!(t.label, Label::Coll { msg, .. } if msg == h.msg)
         })
     }
 

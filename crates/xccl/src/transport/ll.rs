@@ -14,14 +14,12 @@
 //! A message is a label of two words (opaque here: the executor's operation signature)
 //! and its payload: its first line carries the label and 40 payload bytes, each further line
 //! 56. A message is written whole or not at all, and read only once its last line has
-//! arrived; it is handed to the reader in pieces of 40 and 56 bytes (the last one shorter),
-//! so every piece but the last is a multiple of 8 bytes and reductions over any element type
-//! work piece by piece.
+//! arrived; it is handed to the reader in one piece.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Lines per channel.
-pub(crate) const LL_LINES: usize = 128;
+pub(crate) const LL_LINES: usize = 64;
 /// The most payload bytes one LL message may carry.
 pub(crate) const LL_MAX_BYTES: usize = crate::protocol::LL_MAX;
 
@@ -100,29 +98,24 @@ impl LlTx {
         unsafe { &*self.chan }
     }
 
-    /// Writes one message labelled `label` made of `parts` (at most [`LL_MAX_BYTES`] in all)
-    /// if the channel has room for all of it; false, having written nothing, otherwise.
-    pub fn send(&mut self, label: [u64; 2], parts: &[&[u8]]) -> bool {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        debug_assert!(len <= LL_MAX_BYTES);
-        let need = lines_for(len);
+    /// Writes one message labelled `label` with `payload` (at most [`LL_MAX_BYTES`]) if the
+    /// channel has room for all of it; false, having written nothing, otherwise.
+    pub fn send(&mut self, label: [u64; 2], payload: &[u8]) -> bool {
+        if payload.len() > LL_MAX_BYTES {
+            return false;
+        }
+        let need = lines_for(payload.len());
         if self.written + need - self.consumed_seen > LL_LINES as u64 {
             self.consumed_seen = self.chan().consumed.0[0].load(Ordering::Acquire);
             if self.written + need - self.consumed_seen > LL_LINES as u64 {
                 return false;
             }
         }
-        let mut bytes = parts.iter().flat_map(|p| p.iter().copied());
-        let mut word = || {
+        let mut words = payload.chunks(8).map(|c| {
             let mut w = [0u8; 8];
-            for b in &mut w {
-                match bytes.next() {
-                    Some(x) => *b = x,
-                    None => break,
-                }
-            }
+            w[..c.len()].copy_from_slice(c);
             u64::from_le_bytes(w)
-        };
+        });
         for k in 0..need {
             let seq = self.written + 1 + k;
             let line = &self.chan().line(seq).0;
@@ -134,7 +127,7 @@ impl LlTx {
                 0
             };
             for w in &line[first..7] {
-                w.store(word(), Ordering::Relaxed);
+                w.store(words.next().unwrap_or(0), Ordering::Relaxed);
             }
             line[7].store(seq, Ordering::Release);
         }
@@ -148,6 +141,8 @@ pub(crate) struct LlRx {
     chan: *const LlChannel,
     /// Lines ever read.
     read: u64,
+    /// Where a message is gathered before it is handed over.
+    gather: Vec<u64>,
 }
 
 // SAFETY: as for `LlTx`.
@@ -159,7 +154,7 @@ impl LlRx {
     pub unsafe fn new(chan: *const LlChannel) -> LlRx {
         // SAFETY: forwarded to the caller.
         let read = unsafe { &*chan }.consumed.0[0].load(Ordering::Acquire);
-        LlRx { chan, read }
+        LlRx { chan, read, gather: Vec::with_capacity(LL_LINES * 7) }
     }
 
     fn chan(&self) -> &LlChannel {
@@ -173,8 +168,8 @@ impl LlRx {
         self.chan().line(seq).0[7].load(Ordering::Acquire) == seq
     }
 
-    /// Reads the next message if it is labelled `label`, has `len` payload bytes and has
-    /// arrived whole, handing its payload to `f` in pieces (see the module docs).
+    /// Reads the next message if it is labelled `label`, has `len` payload bytes (at most
+    /// [`LL_MAX_BYTES`]) and has arrived whole, handing its payload to `f` in one piece.
     pub fn recv(&mut self, label: [u64; 2], len: usize, f: &mut dyn FnMut(&[u8])) -> LlRecv {
         let first = self.read + 1;
         let head = &self.chan().line(first).0;
@@ -190,18 +185,18 @@ impl LlRx {
         if need > 1 && self.chan().line(last).0[7].load(Ordering::Acquire) != last {
             return LlRecv::Empty;
         }
-        let mut left = len;
-        let mut piece = [0u8; REST];
+        // Gathered first, then handed over in one piece: one call to reduce, not one per line.
+        // SAFETY: `new`'s contract keeps the channel valid while this end is used; taken
+        // apart from `self` so that `gather` can be filled meanwhile.
+        let chan = unsafe { &*self.chan };
+        self.gather.clear();
         for k in 0..need {
-            let line = &self.chan().line(first + k).0;
+            let line = &chan.line(first + k).0;
             let from = if k == 0 { 2 } else { 0 };
-            let take = left.min(if k == 0 { FIRST } else { REST });
-            for (i, w) in line[from..7].iter().enumerate() {
-                piece[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-            }
-            f(&piece[..take]);
-            left -= take;
+            self.gather.extend(line[from..7].iter().map(|w| w.load(Ordering::Relaxed)));
         }
+        let bytes: &[u8] = bytemuck::cast_slice(&self.gather);
+        f(&bytes[..len]);
         self.read += need;
         self.chan().consumed.0[0].store(self.read, Ordering::Release);
         LlRecv::Done
@@ -236,16 +231,15 @@ mod tests {
     fn messages_of_every_size_come_out_in_order_across_many_wraps() {
         let (_c, mut tx, mut rx) = pair();
         for round in 0..400usize {
-            let len = [0, 1, 8, 40, 41, 96, 97, 1000, 4096][round % 9];
+            let len = [0, 1, 8, 40, 41, 96, 97, 200, LL_MAX_BYTES][round % 9];
             let msg = message(len, round);
             let label = [round as u64, 1 << 63];
-            let (a, b) = msg.split_at(len / 3);
-            assert!(tx.send(label, &[a, b]), "round {round}");
+            assert!(tx.send(label, &msg), "round {round}");
             assert!(rx.pending());
             let (r, got, pieces) = take(&mut rx, label, len);
             assert_eq!(r, LlRecv::Done);
             assert_eq!(got, msg, "round {round}");
-            assert!(pieces[..pieces.len() - 1].iter().all(|p| p % 8 == 0), "{pieces:?}");
+            assert_eq!(pieces, vec![len], "one piece");
             assert!(!rx.pending());
         }
     }
@@ -254,14 +248,20 @@ mod tests {
     fn a_full_channel_refuses_and_a_wrong_label_consumes_nothing() {
         let (_c, mut tx, mut rx) = pair();
         let big = message(LL_MAX_BYTES, 1);
-        assert!(tx.send([1, 1], &[&big]));
-        // 74 lines used of 128: another of the same size does not fit, a small one does.
-        assert!(!tx.send([2, 2], &[&big]));
-        assert!(tx.send([3, 3], &[&message(100, 2)]));
-        assert_eq!(take(&mut rx, [9, 9], LL_MAX_BYTES).0, LlRecv::Other([1, 1]));
-        assert_eq!(take(&mut rx, [1, 1], LL_MAX_BYTES).1, big);
-        assert!(tx.send([2, 2], &[&big]));
-        assert_eq!(take(&mut rx, [3, 3], 100).1, message(100, 2));
+        // Twelve messages of five lines fill sixty of the sixty-four lines: another of the
+        // same size does not fit, a two-line one does.
+        for k in 0..12 {
+            assert!(tx.send([1, k], &big), "{k}");
+        }
+        assert!(!tx.send([2, 2], &big));
+        assert!(tx.send([3, 3], &message(60, 2)));
+        for k in 0..11 {
+            assert_eq!(take(&mut rx, [1, k], LL_MAX_BYTES).1, big);
+        }
+        assert_eq!(take(&mut rx, [9, 9], LL_MAX_BYTES).0, LlRecv::Other([1, 11]));
+        assert_eq!(take(&mut rx, [1, 11], LL_MAX_BYTES).1, big);
+        assert!(tx.send([2, 2], &big));
+        assert_eq!(take(&mut rx, [3, 3], 60).1, message(60, 2));
         assert_eq!(take(&mut rx, [2, 2], LL_MAX_BYTES).1, big);
         assert_eq!(take(&mut rx, [2, 2], 8).0, LlRecv::Empty);
     }
@@ -274,7 +274,7 @@ mod tests {
             s.spawn(move || {
                 for i in 0..n {
                     let msg = message((i * 37) % (LL_MAX_BYTES + 1), i);
-                    while !tx.send([i as u64, 7], &[&msg]) {
+                    while !tx.send([i as u64, 7], &msg) {
                         std::hint::spin_loop();
                     }
                 }

@@ -132,15 +132,15 @@ pub(crate) trait Link: Send {
         0
     }
 
-    /// Sends one LL message labelled `label` made of `parts` (at most `ll_max` bytes) if
-    /// the channel has room for all of it; `Ok(false)`, having written nothing, otherwise.
-    /// An error if the peer is gone and the channel stays full.
-    fn ll_send(&mut self, _label: [u64; 2], _parts: &[&[u8]]) -> io::Result<bool> {
+    /// Sends one LL message labelled `label` with `payload` (at most `ll_max` bytes) if the
+    /// channel has room for all of it; `Ok(false)`, having written nothing, otherwise. An
+    /// error if the peer is gone and the channel stays full.
+    fn ll_send(&mut self, _label: [u64; 2], _payload: &[u8]) -> io::Result<bool> {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no LL channel"))
     }
 
     /// Receives the next LL message if it is labelled `label`, has `len` bytes and has
-    /// arrived whole, handing its payload to `f` in pieces (`ll.rs`); at the end of the
+    /// arrived whole, handing its payload to `f` in one piece; at the end of the
     /// stream (nothing there and the peer gone) an error.
     fn ll_recv(&mut self, _label: [u64; 2], _len: usize, _f: &mut dyn FnMut(&[u8])) -> io::Result<LlRecv> {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this link has no LL channel"))

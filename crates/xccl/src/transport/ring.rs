@@ -414,11 +414,14 @@ impl Link for RingLink {
         LL_MAX_BYTES
     }
 
-    fn ll_send(&mut self, label: [u64; 2], parts: &[&[u8]]) -> io::Result<bool> {
-        if parts.iter().map(|p| p.len()).sum::<usize>() > LL_MAX_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "LL message longer than 4 KiB"));
+    fn ll_send(&mut self, label: [u64; 2], payload: &[u8]) -> io::Result<bool> {
+        if payload.len() > LL_MAX_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("LL message longer than {LL_MAX_BYTES} bytes"),
+            ));
         }
-        if self.tx.ll.send(label, parts) {
+        if self.tx.ll.send(label, payload) {
             self.host.bell(self.peer).notify();
             return Ok(true);
         }
@@ -430,6 +433,12 @@ impl Link for RingLink {
     }
 
     fn ll_recv(&mut self, label: [u64; 2], len: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<LlRecv> {
+        if len > LL_MAX_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("LL message longer than {LL_MAX_BYTES} bytes"),
+            ));
+        }
         match self.rx.ll.recv(label, len, f) {
             LlRecv::Done => {
                 self.host.bell(self.peer).notify();
