@@ -5,7 +5,7 @@
 //! and receives the next ones from `rank + 2^k`. All-to-all: in round `k` every block whose
 //! position has bit `k` set moves `2^k` ranks on, packed into one message.
 
-use super::{Algorithm, Declaration, Implementation, Shape, always};
+use super::{Algorithm, Declaration, Implementation, Shape};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -14,11 +14,7 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Bruck,
     name: "bruck",
     implements: &[
-        Implementation {
-            kind: CollKind::AllGather,
-            supports: always,
-            build: |c| Some(all_gather(c.rank, c.gather()?)),
-        },
+        Implementation::any(CollKind::AllGather, |c| Some(all_gather(c.rank, c.gather()?))),
         Implementation {
             kind: CollKind::AllToAll,
             supports: |_, shape| matches!(shape, Shape::Count(_)),

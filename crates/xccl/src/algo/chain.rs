@@ -2,7 +2,7 @@
 //! segment as soon as it has arrived. Each link carries the message once, so for large
 //! messages the time approaches one message time plus `n - 1` segment times.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
 
@@ -10,11 +10,9 @@ use crate::schedule::{Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Chain,
     name: "chain",
-    implements: &[Implementation {
-        kind: CollKind::Broadcast,
-        supports: always,
-        build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
-    }],
+    implements: &[Implementation::any(CollKind::Broadcast, |c| {
+        Some(broadcast(c.rank, c.n(), c.count()?, c.root))
+    })],
 };
 
 /// Broadcast of `count` elements from `root`.

@@ -9,7 +9,7 @@
 //! relabelled ranks: mirrored (`n - 1 - r`) when `n` is even, shifted by one when it is odd,
 //! either way turning odd labels into even ranks.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
 
@@ -23,11 +23,7 @@ pub(super) struct Tree {
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::DoubleBinaryTree,
     name: "dbtree",
-    implements: &[Implementation {
-        kind: CollKind::AllReduce,
-        supports: always,
-        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-    }],
+    implements: &[Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?)))],
 };
 
 /// Parent and children of every position `0..n` in the lowest-set-bit in-order tree.

@@ -11,7 +11,7 @@
 //! rank is everybody's first source. Block `r` is reduced by rank `r` alone, in a fixed
 //! order, and then copied: every rank ends with the same bits.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -20,21 +20,9 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Direct,
     name: "direct",
     implements: &[
-        Implementation {
-            kind: CollKind::AllReduce,
-            supports: always,
-            build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-        },
-        Implementation {
-            kind: CollKind::AllGather,
-            supports: always,
-            build: |c| Some(all_gather(c.rank, c.gather()?)),
-        },
-        Implementation {
-            kind: CollKind::ReduceScatter,
-            supports: always,
-            build: |c| Some(reduce_scatter(c.rank, c.scatter()?)),
-        },
+        Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?))),
+        Implementation::any(CollKind::AllGather, |c| Some(all_gather(c.rank, c.gather()?))),
+        Implementation::any(CollKind::ReduceScatter, |c| Some(reduce_scatter(c.rank, c.scatter()?))),
     ],
 };
 

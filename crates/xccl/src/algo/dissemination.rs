@@ -1,7 +1,7 @@
 //! Dissemination barrier: in round `k` every rank signals `rank + 2^k` and waits for
 //! `rank - 2^k`; after `⌈log2 n⌉` rounds every rank has transitively heard from all others.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
 
@@ -9,11 +9,9 @@ use crate::schedule::{Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Dissemination,
     name: "dissemination",
-    implements: &[Implementation {
-        kind: CollKind::Barrier,
-        supports: always,
-        build: |c| (c.count()? == 0).then(|| barrier(c.rank, c.n())),
-    }],
+    implements: &[Implementation::any(CollKind::Barrier, |c| {
+        (c.count()? == 0).then(|| barrier(c.rank, c.n()))
+    })],
 };
 
 /// Barrier among `n` ranks with empty messages.

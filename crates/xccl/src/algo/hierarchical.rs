@@ -4,7 +4,7 @@
 //! Every rank has the same number of steps (ranks idle in a phase have empty steps), which
 //! keeps the steps of communicating ranks aligned.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use super::{ring, tree};
 use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
@@ -13,11 +13,9 @@ use crate::schedule::{Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Hierarchical,
     name: "hierarchical",
-    implements: &[Implementation {
-        kind: CollKind::AllReduce,
-        supports: always,
-        build: |c| Some(all_reduce(c.rank, c.hosts, c.count()?)),
-    }],
+    implements: &[Implementation::any(CollKind::AllReduce, |c| {
+        Some(all_reduce(c.rank, c.hosts, c.count()?))
+    })],
 };
 
 /// All-reduce of `count` elements; `hosts[r]` names the host of rank `r`.

@@ -3,7 +3,7 @@
 //! root's buffer at once, so a broadcast costs one copy per rank, all in parallel, with no
 //! rank waiting for another to pass the data on.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -12,21 +12,9 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Linear,
     name: "linear",
     implements: &[
-        Implementation {
-            kind: CollKind::Broadcast,
-            supports: always,
-            build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
-        },
-        Implementation {
-            kind: CollKind::Scatter,
-            supports: always,
-            build: |c| Some(scatter(c.rank, c.n(), c.count()?, c.root)),
-        },
-        Implementation {
-            kind: CollKind::Gather,
-            supports: always,
-            build: |c| Some(gather(c.rank, c.n(), c.count()?, c.root)),
-        },
+        Implementation::any(CollKind::Broadcast, |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root))),
+        Implementation::any(CollKind::Scatter, |c| Some(scatter(c.rank, c.n(), c.count()?, c.root))),
+        Implementation::any(CollKind::Gather, |c| Some(gather(c.rank, c.n(), c.count()?, c.root))),
     ],
 };
 

@@ -95,6 +95,13 @@ pub(crate) struct Implementation {
     pub build: fn(&Call<'_>) -> Option<Program>,
 }
 
+impl Implementation {
+    /// An implementation of `kind` on any number of ranks, for every layout `build` takes.
+    pub(crate) const fn any(kind: CollKind, build: fn(&Call<'_>) -> Option<Program>) -> Implementation {
+        Implementation { kind, supports: always, build }
+    }
+}
+
 /// Everything a schedule depends on: the calling rank, the hosts of all ranks (their number
 /// is the world size), the root and the layout.
 pub(crate) struct Call<'a> {

@@ -1,7 +1,7 @@
 //! Pairwise-exchange all-to-all: in round `s` rank `r` sends to `r + s` and receives from
 //! `r - s`, so every round is a perfect matching of senders and receivers.
 
-use super::{Algorithm, Declaration, Implementation, Shape, always};
+use super::{Algorithm, Declaration, Implementation, Shape};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
 
@@ -9,18 +9,14 @@ use crate::schedule::{Blocks, Buf, Program};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Pairwise,
     name: "pairwise",
-    implements: &[Implementation {
-        kind: CollKind::AllToAll,
-        supports: always,
-        build: |c| match c.shape {
-            Shape::Count(block) => {
-                let b = Blocks::uniform(*block, c.n());
-                Some(all_to_all(c.rank, &b, &b))
-            }
-            Shape::Exchange { send, recv } => Some(all_to_all(c.rank, send, recv)),
-            _ => None,
-        },
-    }],
+    implements: &[Implementation::any(CollKind::AllToAll, |c| match c.shape {
+        Shape::Count(block) => {
+            let b = Blocks::uniform(*block, c.n());
+            Some(all_to_all(c.rank, &b, &b))
+        }
+        Shape::Exchange { send, recv } => Some(all_to_all(c.rank, send, recv)),
+        _ => None,
+    })],
 };
 
 /// All-to-all: block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank `j`.

@@ -4,7 +4,7 @@
 //! Non-powers of two fold (see `fold`).
 
 use super::fold::{Fold, Role};
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -12,11 +12,7 @@ use crate::schedule::{Blocks, Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Rabenseifner,
     name: "rabenseifner",
-    implements: &[Implementation {
-        kind: CollKind::AllReduce,
-        supports: always,
-        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-    }],
+    implements: &[Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?)))],
 };
 
 /// All-reduce of `count` elements.

@@ -3,7 +3,7 @@
 //! latency-optimal choice for small messages. Non-powers of two fold (see `fold`).
 
 use super::fold::{Fold, Role};
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -12,11 +12,7 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::RecursiveDoubling,
     name: "recursive_doubling",
     implements: &[
-        Implementation {
-            kind: CollKind::AllReduce,
-            supports: always,
-            build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-        },
+        Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?))),
         Implementation {
             kind: CollKind::AllGather,
             supports: |n, _| n.is_power_of_two(),

@@ -8,7 +8,7 @@
 //! every message is still one contiguous span of whole blocks, however long each block is.
 
 use super::fold::{Fold, Role};
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -16,11 +16,9 @@ use crate::schedule::{Blocks, Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::RecursiveHalving,
     name: "recursive_halving",
-    implements: &[Implementation {
-        kind: CollKind::ReduceScatter,
-        supports: always,
-        build: |c| Some(reduce_scatter(c.rank, c.scatter()?)),
-    }],
+    implements: &[Implementation::any(CollKind::ReduceScatter, |c| {
+        Some(reduce_scatter(c.rank, c.scatter()?))
+    })],
 };
 
 /// The blocks participant `v` ends with: two for a host (its extra's and its own), else one.

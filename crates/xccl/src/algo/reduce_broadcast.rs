@@ -3,7 +3,7 @@
 //! deterministic, but the root moves `2 (n - 1)` buffers, so it only suits small messages or
 //! a deliberate server topology.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region};
 
@@ -11,11 +11,7 @@ use crate::schedule::{Buf, Program, Region};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::ReduceBroadcast,
     name: "reduce_broadcast",
-    implements: &[Implementation {
-        kind: CollKind::AllReduce,
-        supports: always,
-        build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-    }],
+    implements: &[Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?)))],
 };
 
 /// The rank that plays the server.

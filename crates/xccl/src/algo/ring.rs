@@ -9,7 +9,7 @@
 //! The step helpers work on any list of members (ranks in ring order); block `i` belongs to
 //! member `i`.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -18,21 +18,9 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Ring,
     name: "ring",
     implements: &[
-        Implementation {
-            kind: CollKind::AllReduce,
-            supports: always,
-            build: |c| Some(all_reduce(c.rank, c.n(), c.count()?)),
-        },
-        Implementation {
-            kind: CollKind::AllGather,
-            supports: always,
-            build: |c| Some(all_gather(c.rank, c.gather()?)),
-        },
-        Implementation {
-            kind: CollKind::ReduceScatter,
-            supports: always,
-            build: |c| Some(reduce_scatter(c.rank, c.scatter()?)),
-        },
+        Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?))),
+        Implementation::any(CollKind::AllGather, |c| Some(all_gather(c.rank, c.gather()?))),
+        Implementation::any(CollKind::ReduceScatter, |c| Some(reduce_scatter(c.rank, c.scatter()?))),
     ],
 };
 

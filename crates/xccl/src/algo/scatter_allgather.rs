@@ -3,7 +3,7 @@
 //! the message, whatever `n`: the large-message broadcast.
 
 use super::ring;
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program};
 
@@ -11,11 +11,9 @@ use crate::schedule::{Blocks, Buf, Program};
 pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::ScatterAllGather,
     name: "scatter_allgather",
-    implements: &[Implementation {
-        kind: CollKind::Broadcast,
-        supports: always,
-        build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
-    }],
+    implements: &[Implementation::any(CollKind::Broadcast, |c| {
+        Some(broadcast(c.rank, c.n(), c.count()?, c.root))
+    })],
 };
 
 /// Broadcast of `count` elements from `root`.

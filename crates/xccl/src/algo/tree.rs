@@ -5,7 +5,7 @@
 //! bit. Because a rank's receive and its sends share one step and one region, segments flow
 //! down (or up) the tree as soon as they arrive instead of waiting for whole messages.
 
-use super::{Algorithm, Declaration, Implementation, always};
+use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
 use crate::schedule::{Buf, Program, Region, Step};
 
@@ -14,16 +14,8 @@ pub(super) const DECLARATION: Declaration = Declaration {
     algo: Algorithm::Binomial,
     name: "binomial",
     implements: &[
-        Implementation {
-            kind: CollKind::Broadcast,
-            supports: always,
-            build: |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root)),
-        },
-        Implementation {
-            kind: CollKind::Reduce,
-            supports: always,
-            build: |c| Some(reduce(c.rank, c.n(), c.count()?, c.root)),
-        },
+        Implementation::any(CollKind::Broadcast, |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root))),
+        Implementation::any(CollKind::Reduce, |c| Some(reduce(c.rank, c.n(), c.count()?, c.root))),
     ],
 };
 

@@ -517,8 +517,10 @@ fn forwarding(model: &CostModel, (wl, wb): (f64, f64), c: &Costing, s: usize) ->
         for (i, op) in step.ops.iter().enumerate() {
             let Op::Recv { peer, dst, .. } = *op else { continue };
             if forwarded[i] {
-                let c = model.of(topo.class(r, peer));
-                let hop = wl * c.alpha + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * c.beta;
+                let (pl, pb) = c.protocol(r, s, i).map_or((1.0, 1.0), |p| model.protocol_factors(p));
+                let k = model.of(topo.class(r, peer));
+                let hop =
+                    wl * k.alpha * pl + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * k.beta * pb;
                 feeds[r].push((peer, hop));
             }
         }
@@ -590,9 +592,10 @@ mod tests {
         Topology::one_host(n, 64, LinkClass::Shm)
     }
 
-    /// The reference link constants without the algorithms' efficiencies.
+    /// The reference link constants without the algorithms' efficiencies or the protocols'
+    /// factors.
     fn plain() -> CostModel {
-        CostModel { efficiency: Vec::new(), ..CostModel::default() }
+        CostModel { efficiency: Vec::new(), protocols: Vec::new(), ..CostModel::default() }
     }
 
     #[test]
@@ -604,6 +607,8 @@ mod tests {
         let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-3;
         assert!(close(again.shm.beta, reference.shm.beta) && close(again.switch, reference.switch));
         assert_eq!(again.efficiency.len(), reference.efficiency.len());
+        assert_eq!(again.protocols, reference.protocols);
+        assert_eq!(reference.protocol_factors(Protocol::Ll).0, 0.6);
         for (a, b) in again.efficiency.iter().zip(&reference.efficiency) {
             assert_eq!((a.kind, a.algo, a.crowded), (b.kind, b.algo, b.crowded));
             assert!(close(a.latency, b.latency) && close(a.bandwidth, b.bandwidth));
@@ -682,6 +687,25 @@ mod tests {
         let far = CostModel { tcp: LinkCost::new(50.0, 0.3, 7.0, 10.0), ..plain() };
         let c = rank(&far, &t, CollKind::AllReduce, 0, &Shape::Count(1 << 20), 4).unwrap();
         assert_eq!(c.algo, Algorithm::Hierarchical, "{c}");
+    }
+
+    #[test]
+    fn messages_are_priced_by_the_protocol_the_executor_will_use() {
+        let m = CostModel { protocols: vec![(Protocol::Ll, 0.5, 1.0)], ..plain() };
+        let mut stream_only = topo(2);
+        stream_only.protocols = ProtocolPolicy::parse("stream").unwrap();
+        let t = |topo: &Topology, count: usize| {
+            predict(&m, topo, CollKind::AllReduce, Algorithm::RecursiveDoubling, 0, &Shape::Count(count), 4)
+                .unwrap()
+        };
+        // 8 bytes go by LL unless the policy says otherwise; 256 KiB never do.
+        assert!(t(&topo(2), 2) < 0.6 * t(&stream_only, 2), "{} {}", t(&topo(2), 2), t(&stream_only, 2));
+        assert_eq!(t(&topo(2), 1 << 16), t(&stream_only, 1 << 16));
+        // Over TCP nothing goes by LL.
+        let tcp = Topology::one_host(2, 64, LinkClass::Tcp);
+        let mut tcp_stream = tcp.clone();
+        tcp_stream.protocols = ProtocolPolicy::parse("stream").unwrap();
+        assert_eq!(t(&tcp, 2), t(&tcp_stream, 2));
     }
 
     #[test]

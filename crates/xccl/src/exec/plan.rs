@@ -206,3 +206,87 @@ fn compile(
     }
     Ok(steps)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+    use crate::coll::CollKind;
+    use crate::dtype::DType;
+    use crate::protocol::LinkFacts;
+    use crate::schedule::Buf;
+
+    fn desc(kind: CollKind) -> OpDesc {
+        OpDesc { kind, seq: 0, dtype: DType::F32, op: None, count: 0, root: Some(0), algo: Algorithm::Chain }
+    }
+
+    fn peers(memory: bool) -> Vec<Peer> {
+        (0..3)
+            .map(|_| {
+                let mut p = Peer::new(None);
+                p.facts = LinkFacts {
+                    memory,
+                    ll_max: if memory { 256 } else { 0 },
+                    seg: 1 << 20,
+                    peer_pulls: memory,
+                };
+                p
+            })
+            .collect()
+    }
+
+    fn compiled(
+        kind: CollKind,
+        program: &Program,
+        peers: &[Peer],
+        policy: &ProtocolPolicy,
+    ) -> Vec<CompiledStep> {
+        let how = Compiling { rank: 1, peers, policy, pull_min: 64 << 10, spinning: true };
+        compile(program, false, &desc(kind), &how).unwrap()
+    }
+
+    #[test]
+    fn a_forwarding_step_follows_segment_by_segment_and_streams_what_it_forwards() {
+        // Rank 1 of a chain: receive from 0 and pass on to 2, the same region.
+        let r = Region::new(Buf::Output, 0, 1 << 20);
+        let mut p = Program::new();
+        p.step().recv(0, r).send(2, r);
+        let steps = compiled(CollKind::Broadcast, &p, &peers(true), &ProtocolPolicy::default());
+        let t = &steps[0].tasks;
+        assert_eq!(t[1].deps, vec![(0, true)]);
+        assert!(t[0].has_dependents && !t[1].has_dependents);
+        // 4 MiB one way, the step's only send: it streams through the ring (both cores copy);
+        // in an exchange it would be pulled.
+        assert_eq!((t[0].proto, t[1].proto), (Protocol::Stream, Protocol::Stream));
+        let exchange = compiled(CollKind::AllReduce, &p, &peers(true), &ProtocolPolicy::default());
+        assert_eq!(exchange[0].tasks[1].proto, Protocol::Pull);
+    }
+
+    #[test]
+    fn protocols_follow_size_link_and_policy() {
+        let mut p = Program::new();
+        p.step()
+            .send(0, Region::new(Buf::Input, 0, 2))
+            .recv(0, Region::new(Buf::Output, 0, 2))
+            .send(2, Region::new(Buf::Input, 0, 1024))
+            .send(0, Region::new(Buf::Input, 1024, 1 << 20));
+        let protos = |peers: &[Peer], policy: &str| -> Vec<Protocol> {
+            let policy = ProtocolPolicy::parse(policy).unwrap();
+            compiled(CollKind::AllReduce, &p, peers, &policy)[0].tasks.iter().map(|t| t.proto).collect()
+        };
+        use Protocol::*;
+        assert_eq!(protos(&peers(true), ""), vec![Ll, Ll, Eager, Pull]);
+        assert_eq!(protos(&peers(false), ""), vec![Stream, Stream, Stream, Stream]);
+        assert_eq!(protos(&peers(true), "stream"), vec![Stream, Stream, Stream, Stream]);
+        assert_eq!(protos(&peers(true), "broadcast:stream"), vec![Ll, Ll, Eager, Pull]);
+        assert_eq!(protos(&peers(true), "all_reduce:eager"), vec![Eager, Eager, Eager, Stream]);
+        // LL messages carry their signature; the others none.
+        let steps = compiled(CollKind::AllReduce, &p, &peers(true), &ProtocolPolicy::default());
+        assert!(steps[0].tasks[0].sig != 0 && steps[0].tasks[2].sig == 0);
+        assert_eq!(
+            steps[0].tasks[0].sig, steps[0].tasks[1].sig,
+            "the send and the receive of one exchange agree"
+        );
+        assert_eq!(protocols_used(&steps), "ll,eager,pull");
+    }
+}
