@@ -14,47 +14,61 @@ use super::failure::lost;
 use super::inbound::Inbound;
 use super::task::{Act, Label, StepRun, fold};
 use super::{Ctx, Engine};
+use crate::algo::Algorithm;
+use crate::coll::CollKind;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::frame::OpDesc;
+use crate::reduce::ReduceOp;
 use crate::transport::LlRecv;
 
-/// Set in every signature word, so that a label is never all zeros.
+/// Set in every label's second word, so that a label is never all zeros.
 const SIGNED: u64 = 1 << 63;
 
+/// The first word of the label of every LL message of `desc`: its sequence number (48 bits),
+/// its algorithm and its reduction.
+fn head(desc: &OpDesc) -> u64 {
+    let op = desc.op.map_or(u8::MAX, |o| o as u8);
+    (desc.seq & 0xffff_ffff_ffff) | (u64::from(desc.algo as u8) << 48) | (u64::from(op) << 56)
+}
+
 /// The second word of the label of LL message `msg` (of `len` bytes) of step `step` of
-/// `desc`: a signature of everything but the sequence number, worked out once per plan.
+/// `desc`: its kind, its element type, a hash of its count, root, message index and length,
+/// and the step; worked out once per plan. With the first word, enough to tell any two calls
+/// apart and to describe the other side's in an error.
 pub(super) fn signature(desc: &OpDesc, step: u32, msg: u32, len: usize) -> u64 {
     // FNV-1a over the fields, the same on every rank (no random state).
-    let fields = [
-        desc.kind as u64,
-        desc.dtype as u64,
-        desc.op.map_or(u64::MAX, |o| o as u64),
-        desc.count,
-        desc.root.map_or(u64::MAX, u64::from),
-        desc.algo as u64,
-        u64::from(msg),
-        len as u64,
-    ];
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for f in fields {
+    for f in [desc.count, desc.root.map_or(u64::MAX, u64::from), u64::from(msg), len as u64] {
         for b in f.to_le_bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-    SIGNED | (h & 0x7fff_ffff_0000_0000) | u64::from(step)
+    SIGNED | ((desc.kind as u64) << 56) | ((desc.dtype as u64) << 48) | ((h & 0xffff) << 32) | u64::from(step)
 }
 
 /// The label of LL message `msg` (of `len` bytes) of step `step` of `desc`.
 #[cfg(test)]
 fn label(desc: &OpDesc, step: u32, msg: u32, len: usize) -> [u64; 2] {
-    [desc.seq, signature(desc, step, msg, len)]
+    [head(desc), signature(desc, step, msg, len)]
+}
+
+/// What a label says of its call, as far as it tells: `all_gather #3 (f32, ring) step 1`.
+fn describe(label: [u64; 2]) -> String {
+    let seq = label[0] & 0xffff_ffff_ffff;
+    let algo = Algorithm::from_tag((label[0] >> 48) as u8).map_or("unknown algorithm", Algorithm::name);
+    let op = ReduceOp::from_tag((label[0] >> 56) as u8).map(|o| format!(", {o}")).unwrap_or_default();
+    let kind =
+        CollKind::from_tag(((label[1] >> 56) & 0x7f) as u8).map_or("an unknown operation", CollKind::name);
+    let dtype = DType::from_tag((label[1] >> 48) as u8).map_or("unknown type", DType::name);
+    format!("{kind} #{seq} ({dtype}{op}, {algo}) step {}", label[1] & 0xffff_ffff)
 }
 
 impl Engine {
     /// The label task `i`'s message carries.
     fn ll_label(run: &StepRun<'_>, i: usize) -> Result<[u64; 2]> {
         match (run.ctx, run.tasks[i].label) {
-            (Ctx::Coll { desc, .. }, Label::Coll { sig, .. }) => Ok([desc.seq, sig]),
+            (Ctx::Coll { desc, .. }, Label::Coll { sig, .. }) => Ok([head(desc), sig]),
             _ => Err(Error::Internal("an LL message outside a collective step".into())),
         }
     }
@@ -172,26 +186,22 @@ impl Engine {
                 let how = if t.ll() { "by LL" } else { "as a frame" };
                 let local =
                     format!("{desc} expecting step {step} message {msg} ({} bytes) {how}", t.span.len);
-                (local, Some((desc.seq, step)))
+                (local, Some(desc.seq))
             }
             _ => (run.op(), None),
         };
-        let (seq, step) = (theirs[0], theirs[1] & 0xffff_ffff);
-        let remote = match ours {
-            Some((s, _)) if s != seq => {
-                let theirs_was = self.history.iter().rev().find(|d| d.seq == seq).map(ToString::to_string);
-                match theirs_was {
-                    Some(d) => {
-                        format!("an LL message of operation #{seq} (this rank ran {d} under that number)")
-                    }
-                    None => format!("an LL message of operation #{seq}"),
+        let seq = theirs[0] & 0xffff_ffff_ffff;
+        let mut remote = format!("{} by LL", describe(theirs));
+        match ours {
+            Some(s) if s & 0xffff_ffff_ffff != seq => {
+                if let Some(d) = self.history.iter().rev().find(|d| d.seq & 0xffff_ffff_ffff == seq) {
+                    remote += &format!(" (this rank ran {d} under that number)");
                 }
             }
-            Some((_, st)) if u64::from(st) != step => format!("an LL message of step {step}"),
-            _ => "an LL message of another call (do the ranks pass different types, counts, reductions, \
-                  roots, or set XCCL_ALGO / XCCL_PROTO differently?)"
-                .into(),
-        };
+            _ => {
+                remote += " (do the ranks pass different types, counts, reductions or roots, or set XCCL_ALGO / XCCL_PROTO differently?)"
+            }
+        }
         Error::Mismatch { rank: self.rank, local, peer, remote }
     }
 }
@@ -199,10 +209,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::Algorithm;
-    use crate::coll::CollKind;
-    use crate::dtype::DType;
-    use crate::reduce::ReduceOp;
 
     fn desc() -> OpDesc {
         OpDesc {
@@ -220,11 +226,14 @@ mod tests {
     fn labels_tell_apart_what_ranks_must_agree_on() {
         let base = label(&desc(), 1, 0, 8);
         assert_eq!(base, label(&desc(), 1, 0, 8));
-        assert_eq!(base[0], 5);
+        assert_eq!(base[0] & 0xffff_ffff_ffff, 5);
         assert_eq!(base[1] & 0xffff_ffff, 1);
         assert_ne!(base[1] & SIGNED, 0);
+        assert_eq!(describe(base), "all_reduce #5 (f32, sum, recursive_doubling) step 1");
         let others = [
             label(&OpDesc { count: 3, ..desc() }, 1, 0, 8),
+            label(&OpDesc { kind: CollKind::AllGather, op: None, ..desc() }, 1, 0, 8),
+            label(&OpDesc { root: Some(1), ..desc() }, 1, 0, 8),
             label(&OpDesc { dtype: DType::I32, ..desc() }, 1, 0, 8),
             label(&OpDesc { op: Some(ReduceOp::Max), ..desc() }, 1, 0, 8),
             label(&OpDesc { algo: Algorithm::Ring, ..desc() }, 1, 0, 8),
