@@ -136,7 +136,7 @@ struct Native {
     stream: Stream,
     fabric: Fabric,
     /// Plans of the collectives called so far, so that a repeated call builds nothing.
-    plans: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
+    plans: Mutex<Plans>,
 }
 
 /// A checked collective, ready for its backend.
@@ -146,6 +146,14 @@ enum Call {
     /// The MPI call.
     #[cfg(feature = "mpi")]
     Mpi(mpi::Coll),
+}
+
+/// The plans of a communicator: the last one used (a loop calling one collective finds it
+/// without hashing its key), and all others by key.
+#[derive(Default)]
+struct Plans {
+    last: Option<(PlanKey, Arc<Plan>)>,
+    all: FxHashMap<PlanKey, Arc<Plan>>,
 }
 
 /// Everything a plan depends on (besides the communicator).
@@ -211,7 +219,7 @@ impl Communicator {
         };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let stream = Stream::start(group.rank, engine)?;
-        let plans = Mutex::new(FxHashMap::default());
+        let plans = Mutex::new(Plans::default());
         let backend = Backend::Native(Native { stream, fabric, plans });
         Ok(Communicator { inner: Arc::new(Inner { backend, group, config }) })
     }
@@ -611,8 +619,14 @@ impl Communicator {
             elems: p.elems,
         };
         let mut plans = native.plans.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(plan) = plans.get(&key) {
+        if let Some((last, plan)) = &plans.last
+            && *last == key
+        {
             return Ok(Call::Native(plan.clone()));
+        }
+        if let Some(plan) = plans.all.get(&key).cloned() {
+            plans.last = Some((key, plan.clone()));
+            return Ok(Call::Native(plan));
         }
         let algo = self.choose::<T>(&key)?;
         let program = algo::build(
@@ -640,10 +654,11 @@ impl Communicator {
             key.elems,
             p.result.map(|len| Region::new(Buf::Output, 0, len)),
         )?);
-        if plans.len() >= PLAN_CACHE {
-            plans.clear();
+        if plans.all.len() >= PLAN_CACHE {
+            plans.all.clear();
         }
-        plans.insert(key, plan.clone());
+        plans.all.insert(key.clone(), plan.clone());
+        plans.last = Some((key, plan.clone()));
         Ok(Call::Native(plan))
     }
 
