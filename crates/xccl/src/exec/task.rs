@@ -415,3 +415,105 @@ impl<'a> StepRun<'a> {
         progress
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+    use crate::exec::plan::TaskPlan;
+    use crate::frame::OpDesc;
+    use crate::schedule::Buf;
+
+    fn span(buf: &mut [u8], from: usize, to: usize) -> Span {
+        Span { ptr: buf[from..].as_mut_ptr(), len: to - from }
+    }
+
+    fn p2p(dtype: DType) -> Label {
+        Label::P2p { tag: 0, dtype, seq: 0 }
+    }
+
+    #[test]
+    fn a_forwarding_send_goes_as_far_as_its_receive_has_come() {
+        let mut mem = vec![0u8; 64];
+        let mut run = StepRun::new(Ctx::P2p, 3, StepBufs::default());
+        let recv = run.push(Task::new(
+            Act::Recv { peer: 1, with: None },
+            span(&mut mem, 0, 32),
+            p2p(DType::U8),
+            Protocol::Stream,
+        ));
+        let send = run.push(Task::new(
+            Act::Send { peer: 2 },
+            span(&mut mem, 0, 32),
+            p2p(DType::U8),
+            Protocol::Stream,
+        ));
+        let other = run.push(Task::new(
+            Act::Send { peer: 2 },
+            span(&mut mem, 16, 48),
+            p2p(DType::U8),
+            Protocol::Stream,
+        ));
+        assert_eq!(run.limit(recv), 32);
+        assert_eq!(run.limit(send), 0);
+        run.tasks[recv].done = 20;
+        // Identical regions: segment by segment; overlapping ones: only once it is complete.
+        assert_eq!(run.limit(send), 20);
+        assert_eq!(run.limit(other), 0);
+        // A full segment of 16 bytes is ready, one of 32 is not yet.
+        assert_eq!(run.send_ready(send, 16), 16);
+        assert_eq!(run.send_ready(send, 32), 0);
+        run.tasks[recv].done = 32;
+        run.tasks[recv].complete = true;
+        assert_eq!((run.limit(send), run.limit(other)), (32, 32));
+        // Sends to one peer go in order: the second waits until the first is all out.
+        assert_eq!(run.next_send(2), Some(send));
+        run.tasks[send].sent = 32;
+        assert_eq!(run.next_send(2), Some(other));
+        assert!(run.tasks[recv].has_dependents && !run.tasks[other].has_dependents);
+    }
+
+    #[test]
+    fn ll_messages_keep_their_own_order_beside_the_framed_ones() {
+        let mut mem = vec![0u8; 64];
+        let desc = OpDesc {
+            kind: CollKind::AllReduce,
+            seq: 0,
+            dtype: DType::U8,
+            op: None,
+            count: 0,
+            root: None,
+            algo: Algorithm::Direct,
+        };
+        let planned = |act, off: usize, msg: u32, proto| TaskPlan {
+            act,
+            region: Region::new(Buf::Output, off, 8),
+            msg,
+            sig: 1,
+            proto,
+            deps: Vec::new(),
+            has_dependents: false,
+            noop: false,
+        };
+        let step = CompiledStep {
+            tasks: vec![
+                planned(PlannedAct::Send { peer: 1 }, 0, 0, Protocol::Stream),
+                planned(PlannedAct::Send { peer: 1 }, 8, 1, Protocol::Ll),
+                planned(PlannedAct::Recv { peer: 1, with: None }, 16, 0, Protocol::Ll),
+                planned(PlannedAct::Recv { peer: 1, with: None }, 24, 1, Protocol::Stream),
+            ],
+        };
+        let mut run = StepRun::new(Ctx::Coll { desc: &desc, step: 0 }, 2, StepBufs::default());
+        let base = mem.as_mut_ptr();
+        // SAFETY (test): every region lies inside `mem`, which outlives the run.
+        run.load(&step, |r| Span { ptr: unsafe { base.add(r.off) }, len: r.len });
+        assert_eq!((run.next_send(1), run.next_ll_send(1)), (Some(0), Some(1)));
+        assert_eq!((run.next_recv(1), run.next_ll_recv(1)), (Some(3), Some(2)));
+        // Only the framed receive makes a frame expected from the peer.
+        assert!(run.expects_from(1));
+        run.tasks[3].complete = true;
+        assert!(!run.expects_from(1) && run.next_ll_recv(1) == Some(2));
+        run.tasks[2].finish();
+        assert_eq!(run.next_ll_recv(1), None);
+    }
+}
