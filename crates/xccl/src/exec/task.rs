@@ -505,8 +505,8 @@ mod tests {
         };
         let mut run = StepRun::new(Ctx::Coll { desc: &desc, step: 0 }, 2, StepBufs::default());
         let base = mem.as_mut_ptr();
-        // SAFETY (test): every region lies inside `mem`, which outlives the run.
-        run.load(&step, |r| Span { ptr: unsafe { base.add(r.off) }, len: r.len });
+        // Every region lies inside `mem`, which outlives the run.
+        run.load(&step, |r| Span { ptr: base.wrapping_add(r.off), len: r.len });
         assert_eq!((run.next_send(1), run.next_ll_send(1)), (Some(0), Some(1)));
         assert_eq!((run.next_recv(1), run.next_ll_recv(1)), (Some(3), Some(2)));
         // Only the framed receive makes a frame expected from the peer.
