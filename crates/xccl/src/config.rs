@@ -15,6 +15,7 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none (the tuner picks) |
 /// | `XCCL_PROTO` | the protocols allowed (see [`protocol`](crate::protocol)), e.g. `stream` or `allreduce:ll,broadcast:pull` | all |
 /// | `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` | the tuner's constants per link class: `alpha_us,beta_gbps,gamma_gbps,delta_gbps` | measured on the reference machine |
+/// | `XCCL_LINK_PROBE` | `1` to measure the links between hosts when the job starts, `0` never (see [`Communicator::connect`](crate::Communicator::connect)) | measure when hosts meet over a network and `XCCL_TUNE_TCP` is unset |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
 /// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory (`off`: never) | 64 KiB |
@@ -42,6 +43,10 @@ pub struct Config {
     /// Messages at least this long go by pull (the receiver copies from the sender's memory
     /// where it can); `usize::MAX` never.
     pub pull_min: usize,
+    /// Whether a job spanning hosts measures the links between them when it starts
+    /// (`XCCL_LINK_PROBE`); `None` decides: it measures over a network (not loopback) when
+    /// the TCP constants are the built-in ones.
+    pub link_probe: Option<bool>,
 }
 
 impl Config {
@@ -67,6 +72,7 @@ impl Default for Config {
             shm: true,
             shm_ring: None,
             pull_min: crate::protocol::PULL_MIN,
+            link_probe: None,
         }
     }
 }
@@ -116,6 +122,14 @@ impl Config {
                 usize::MAX
             } else {
                 parse_bytes("XCCL_PULL_BYTES", &v, 1, usize::MAX)?
+            };
+        }
+        if let Some(v) = lookup("XCCL_LINK_PROBE") {
+            c.link_probe = match v.trim() {
+                "0" | "false" | "off" | "no" => Some(false),
+                "1" | "true" | "on" | "yes" => Some(true),
+                "auto" => None,
+                _ => return Err(Error::Config(format!("XCCL_LINK_PROBE='{v}' is not 0, 1 or auto"))),
             };
         }
         if let Some(v) = lookup("XCCL_MAX_UNEXPECTED_BYTES") {

@@ -3,6 +3,7 @@
 #[cfg(feature = "mpi")]
 mod mpi;
 mod ops;
+mod probe;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
 
-use crate::algo::tune::{self, Choice, LinkClass, Topology};
+use crate::algo::tune::{self, Choice, CostModel, LinkClass, Topology};
 use crate::algo::{self, Algorithm, Shape};
 use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
@@ -308,7 +309,9 @@ impl Communicator {
         Communicator::connect(&Rendezvous::from_env()?, config)
     }
 
-    /// Joins the job described by `rv` over TCP.
+    /// Joins the job described by `rv` over TCP. A job whose hosts meet over a network
+    /// first measures the links between them, so the tuner prices them as they are
+    /// (`XCCL_LINK_PROBE`; about 0.1 s; see `comm/probe.rs`).
     pub fn connect(rv: &Rendezvous, config: Config) -> Result<Communicator> {
         // The k-th world a rank of a job joins gets the k-th key space in the store.
         static WORLDS: Mutex<Option<HashMap<(String, usize), u64>>> = Mutex::new(None);
@@ -394,8 +397,32 @@ impl Communicator {
         let hosts = host::host_indices(&keys);
         let members: Vec<usize> = (0..rv.size).collect();
         let links = fabric.links(id, rv.rank, &members, &hosts, &config)?;
+        let remote = fabric.addrs.iter().any(|a| !a.ip().is_loopback());
+        let given = config.costs.tcp != CostModel::default().tcp;
+        let measure = probe::wanted(config.link_probe, &hosts, remote, given);
         let group = Group { rank: rv.rank, size: rv.size, id, members, hosts, cores };
-        Communicator::build(group, links, config, Fabric::Tcp(Arc::new(fabric)))
+        let mut comm = Communicator::build(group, links, config, Fabric::Tcp(Arc::new(fabric)))?;
+        if measure {
+            let tcp = probe::measure(&comm, comm.inner.config.costs.tcp)?;
+            tracing::info!(
+                rank = comm.rank(),
+                "links between hosts measured: {:.1} µs, {:.3} GB/s",
+                tcp.alpha * 1e6,
+                1e-9 / tcp.beta
+            );
+            let inner = Arc::get_mut(&mut comm.inner)
+                .ok_or_else(|| Error::Internal("the link probe kept a handle on the communicator".into()))?;
+            inner.config.costs.tcp = tcp;
+            // The probe's own calls were planned with the old constants.
+            match &inner.backend {
+                Backend::Native(n) => {
+                    *n.plans.lock().unwrap_or_else(PoisonError::into_inner) = Plans::default()
+                }
+                #[cfg(feature = "mpi")]
+                Backend::Mpi(_) => {}
+            }
+        }
+        Ok(comm)
     }
 
     /// This rank's index in the group, `0..size()`.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unused_imports, unused_macros)]
 
+pub mod cluster;
 pub mod forms;
 
 use std::time::Duration;
