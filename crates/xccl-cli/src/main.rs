@@ -1,11 +1,13 @@
 //! The `xccl` command: `train` trains a model with data parallelism on local ranks (the main
 //! job; under a launcher, as one of its ranks), `run` launches ranks (and restarts failed jobs), `bench` measures collectives, `demo` runs and checks every
 //! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
-//! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints.
+//! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints, `flight` prints what
+//! every rank of a failed job was doing.
 
 mod bench;
 mod checkpoint;
 mod demo;
+mod flight;
 mod pipeline_svg;
 mod run;
 mod train;
@@ -44,6 +46,8 @@ enum Command {
     /// Inspect a distributed checkpoint, export its parameters to one safetensors file, or
     /// import one as a checkpoint.
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Print the flight records a failed job's ranks wrote: what every rank was doing.
+    Flight(flight::FlightArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,5 +71,6 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::Checkpoint(args) => checkpoint::run(&args),
+        Command::Flight(args) => flight::run(&args),
     }
 }

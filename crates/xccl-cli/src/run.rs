@@ -220,6 +220,9 @@ struct Setup<'a> {
     /// of their own.
     id: String,
     output: Arc<dyn Output>,
+    /// Where the ranks write their flight records: `$XCCL_FLIGHT_DIR` (or
+    /// `$TMPDIR/xccl-flight`), in a folder per job and attempt.
+    flight_base: std::path::PathBuf,
     /// Set by Ctrl-C, SIGTERM and SIGHUP.
     stop: Arc<AtomicBool>,
 }
@@ -266,7 +269,9 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
             return fail(&format!("cannot handle signals: {e}"));
         }
     }
-    let setup = Setup { job: args, secret, id, output: output.clone(), stop };
+    let flight_base = std::env::var_os("XCCL_FLIGHT_DIR")
+        .map_or_else(|| std::env::temp_dir().join("xccl-flight"), std::path::PathBuf::from);
+    let setup = Setup { job: args, secret, id, output: output.clone(), flight_base, stop };
     let attempts = args.max_restarts.saturating_add(1);
     let mut attempt = 0;
     loop {
@@ -292,6 +297,9 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
                 let tries =
                     if attempts > 1 { format!(" in attempt {attempt} of {attempts}") } else { String::new() };
                 output.note(&format!("{name}: job failed: rank {rank} {what}{tries}"));
+                if let Some(table) = crate::flight::summary(&setup.flight_dir(attempt as usize - 1), 4) {
+                    output.note(&format!("{name}: what the ranks were doing (flight records):\n{table}"));
+                }
                 return ExitCode::from(code.max(1));
             }
         }
@@ -299,6 +307,11 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
 }
 
 impl Setup<'_> {
+    /// The flight records' folder of attempt `attempt`.
+    fn flight_dir(&self, attempt: usize) -> std::path::PathBuf {
+        self.flight_base.join(format!("{}-attempt{attempt}", self.id))
+    }
+
     /// Serves a fresh store (node 0) and runs attempt `attempt` (0 first) of the job on this
     /// node to its end. `Err`: the store could not be served.
     fn attempt(&self, attempt: u32) -> Result<Ending, String> {
@@ -347,6 +360,7 @@ impl Setup<'_> {
                 ("XCCL_SECRET", self.secret.clone()),
                 ("XCCL_JOB_ID", self.id.clone()),
                 ("XCCL_RESTART_COUNT", attempt.to_string()),
+                ("XCCL_FLIGHT_DIR", self.flight_dir(attempt as usize).display().to_string()),
             ] {
                 cmd.env(k, v);
             }

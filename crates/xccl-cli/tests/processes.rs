@@ -30,6 +30,7 @@ fn main() {
         ("static rendezvous without a launcher (torchrun variables)", static_rendezvous),
         ("a killed rank fails the others promptly, naming it", killed_rank),
         ("the launcher stops the job when a rank fails", launcher_failure),
+        ("a failed job prints what every rank was doing (flight records)", flight_records),
         ("the launcher prefixes output with ranks", launcher_prefix),
         ("Ctrl-C stops every rank", launcher_interrupt),
         ("a wrong secret is refused between processes", wrong_secret),
@@ -314,6 +315,45 @@ fn launcher_failure() -> Result<(), String> {
     if start.elapsed() > Duration::from_secs(10) {
         return Err(format!("took {:?} to stop the job", start.elapsed()));
     }
+    Ok(())
+}
+
+/// Rank 2 is killed in the middle of an all-reduce under `xccl run`: the survivors write
+/// their flight records, the launcher prints them, and `xccl flight` reads them back.
+fn flight_records() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("xccl-flight-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = launch(3, "killed", &[("XCCL_FLIGHT_DIR", dir.to_str().unwrap_or_default())])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let table =
+        err.split("flight records").nth(1).ok_or_else(|| format!("no flight table:\n{}", text(&out)))?;
+    for rank in [0, 1] {
+        let section = table.split(&format!("rank {rank} (pid")).nth(1).unwrap_or_default();
+        let first = section.split("\n  rank ").next().unwrap_or_default();
+        if !first.contains("failed   all_reduce #") || !first.contains("done     all_reduce #") {
+            return Err(format!(
+                "rank {rank}'s record lacks the failed all-reduce after done ones:\n{table}"
+            ));
+        }
+    }
+    if table.contains("rank 2 (pid") {
+        return Err(format!("the killed rank wrote a record:\n{table}"));
+    }
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .flat_map(|attempt| std::fs::read_dir(attempt.path()).into_iter().flatten().flatten())
+        .map(|f| f.path())
+        .collect();
+    if files.len() != 2 {
+        return Err(format!("expected the two survivors' records, found {files:?}"));
+    }
+    let shown = Command::new(XCCL).arg("flight").args(&files).output().map_err(|e| e.to_string())?;
+    let shown_text = String::from_utf8_lossy(&shown.stdout);
+    if !shown.status.success() || !shown_text.contains("2 of 3 ranks wrote a record") {
+        return Err(format!("xccl flight: {}\n{}", shown_text, String::from_utf8_lossy(&shown.stderr)));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::algo::AlgoOverrides;
 use crate::algo::tune::CostModel;
 use crate::error::{Error, Result};
+use crate::flight::FlightConfig;
 use crate::protocol::ProtocolPolicy;
 
 /// How a communicator behaves. [`Config::from_env`] reads:
@@ -16,6 +17,8 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_PROTO` | the protocols allowed (see [`protocol`](crate::protocol)), e.g. `stream` or `allreduce:ll,broadcast:pull` | all |
 /// | `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` | the tuner's constants per link class: `alpha_us,beta_gbps,gamma_gbps,delta_gbps` | measured on the reference machine |
 /// | `XCCL_LINK_PROBE` | `1` to measure the links between hosts when the job starts, `0` never (see [`Communicator::connect`](crate::Communicator::connect)) | measure when hosts meet over a network and `XCCL_TUNE_TCP` is unset |
+/// | `XCCL_FLIGHT_RECORDS` | operations each communicator's flight recorder keeps, written as JSON when it fails (`0`: off; see [`flight`](crate::flight)) | 64 |
+/// | `XCCL_FLIGHT_DIR` | where the flight records go | `$TMPDIR/xccl-flight` |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
 /// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory (`off`: never) | 64 KiB |
@@ -47,6 +50,8 @@ pub struct Config {
     /// (`XCCL_LINK_PROBE`); `None` decides: it measures over a network (not loopback) when
     /// the TCP constants are the built-in ones.
     pub link_probe: Option<bool>,
+    /// The flight recorder's settings.
+    pub flight: FlightConfig,
 }
 
 impl Config {
@@ -73,6 +78,7 @@ impl Default for Config {
             shm_ring: None,
             pull_min: crate::protocol::PULL_MIN,
             link_probe: None,
+            flight: FlightConfig::default(),
         }
     }
 }
@@ -131,6 +137,16 @@ impl Config {
                 "auto" => None,
                 _ => return Err(Error::Config(format!("XCCL_LINK_PROBE='{v}' is not 0, 1 or auto"))),
             };
+        }
+        if let Some(v) = lookup("XCCL_FLIGHT_RECORDS") {
+            c.flight.records = v.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "XCCL_FLIGHT_RECORDS='{v}' is not a number of operations (0 turns it off)"
+                ))
+            })?;
+        }
+        if let Some(v) = lookup("XCCL_FLIGHT_DIR") {
+            c.flight.dir = v.into();
         }
         if let Some(v) = lookup("XCCL_MAX_UNEXPECTED_BYTES") {
             c.max_unexpected = parse_bytes("XCCL_MAX_UNEXPECTED_BYTES", &v, 0, usize::MAX)?;

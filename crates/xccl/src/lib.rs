@@ -61,6 +61,7 @@ mod config;
 mod dtype;
 mod error;
 mod exec;
+pub mod flight;
 mod frame;
 pub mod protocol;
 mod reduce;

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, P2pFeed, Plan};
+use crate::flight::{Queued, Recorder};
 use crate::transport::{Farewell, Waker};
 use crate::work::{Completion, OpSpan};
 
@@ -70,6 +71,8 @@ struct Shared {
     cv: Condvar,
     /// Used only by whoever set `busy` (see [`Shared::engine`]).
     engine: UnsafeCell<Engine>,
+    /// The flight recorder, used only by whoever set `busy` (see [`Shared::flight`]).
+    flight: UnsafeCell<Recorder>,
     /// An operation panicked inside the engine: its streams may be in the middle of a frame.
     engine_poisoned: AtomicBool,
     /// Wakes the engine out of a wait when work is issued to a running batch.
@@ -106,6 +109,42 @@ impl Shared {
             engine.fail(Error::Internal("an earlier operation panicked inside xccl".into()));
         }
         EngineRef { engine, poisoned: &self.engine_poisoned }
+    }
+
+    /// The flight recorder.
+    ///
+    /// # Safety
+    /// As for [`Shared::engine`]: the caller set `busy` and keeps it set while the returned
+    /// reference lives, and holds no other reference from this function.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn flight(&self) -> &mut Recorder {
+        // SAFETY: only the thread that set `busy` calls this, once at a time (the caller's
+        // contract), so this is the only reference to the recorder.
+        unsafe { &mut *self.flight.get() }
+    }
+
+    /// After operation `error` failed: writes the flight record (once per communicator),
+    /// with the operations still queued, and says where it is.
+    fn report_failure(&self, flight: &mut Recorder, error: &Error) {
+        let queued: Vec<Queued> = self
+            .queue()
+            .jobs
+            .iter()
+            .filter_map(|j| match &j.op {
+                JobOp::Coll { plan, seq, bufs } => {
+                    Some(Queued { what: plan.desc.with_seq(*seq).to_string(), bytes: bufs.input_len })
+                }
+                JobOp::P2p { msg } => Some(Queued { what: describe_p2p(msg), bytes: msg.len }),
+                JobOp::Marker => None,
+            })
+            .collect();
+        if let Some(path) = flight.write_once(error, &queued) {
+            tracing::error!(
+                "the last operations of this communicator are in {} (`xccl flight {}` shows every rank's)",
+                path.display(),
+                path.parent().map_or_else(String::new, |d| d.display().to_string())
+            );
+        }
     }
 
     /// The time, if recording.
@@ -193,12 +232,13 @@ pub(crate) struct Stream {
 
 impl Stream {
     /// Starts the progress thread of `rank` around `engine`.
-    pub fn start(rank: usize, engine: Engine) -> Result<Stream> {
+    pub fn start(rank: usize, engine: Engine, flight: Recorder) -> Result<Stream> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue { jobs: VecDeque::new(), busy: false, next_seq: 0, closing: None }),
             cv: Condvar::new(),
             waker: engine.waker(),
             engine: UnsafeCell::new(engine),
+            flight: UnsafeCell::new(flight),
             engine_poisoned: AtomicBool::new(false),
             timeline: Mutex::new(None),
             recording: AtomicBool::new(false),
@@ -333,7 +373,15 @@ fn progress(shared: &Shared) {
 
 /// A message of a batch: the message, where its outcome goes, and when it was issued and
 /// started (while recording).
-type FedJob = (P2p, Option<Arc<Completion>>, Option<Instant>, Option<Instant>);
+/// A message of a batch: its completion, when it was issued and started, and its flight
+/// record.
+type FedJob = (P2p, Option<Arc<Completion>>, Option<Instant>, Option<Instant>, u64);
+
+/// `send to 3 (tag 7, f32 x 16)`.
+fn describe_p2p(m: &P2p) -> String {
+    let (verb, dir) = if m.send { ("send", "to") } else { ("recv", "from") };
+    format!("{verb} {dir} {} (tag {}, {} x {})", m.peer, m.tag, m.dtype, m.len / m.dtype.size())
+}
 
 /// Feeds a point-to-point batch from the queue: the job that started it, then every
 /// point-to-point job at the head of the queue as it is issued.
@@ -351,7 +399,10 @@ impl P2pFeed for QueueFeed<'_> {
         let mut take = |job: Job| {
             if let JobOp::P2p { msg } = job.op {
                 into.push(msg);
-                self.jobs.push((msg, job.done, job.issued, self.shared.stamp()));
+                // SAFETY: the feed runs on the thread that set `busy`, inside `run`, which
+                // holds no reference to the recorder while the engine runs the batch.
+                let id = unsafe { self.shared.flight() }.p2p(msg.send, msg.peer, msg.tag, msg.dtype, msg.len);
+                self.jobs.push((msg, job.done, job.issued, self.shared.stamp(), id));
             }
         };
         if let Some(job) = self.first.take() {
@@ -366,13 +417,11 @@ impl P2pFeed for QueueFeed<'_> {
     }
 
     fn complete(&mut self, index: usize) {
-        let (m, done, issued, started) = &self.jobs[index];
-        let name = || {
-            let (verb, dir) = if m.send { ("send", "to") } else { ("recv", "from") };
-            format!("{verb} {dir} {} (tag {}, {} x {})", m.peer, m.tag, m.dtype, m.len / m.dtype.size())
-        };
+        let (m, done, issued, started, id) = &self.jobs[index];
+        // SAFETY: as in `fetch`.
+        unsafe { self.shared.flight() }.end(*id, None);
         // Recorded before the waiter wakes, so that its next look at the timeline sees it.
-        self.shared.record(name, m.len, *issued, *started);
+        self.shared.record(|| describe_p2p(m), m.len, *issued, *started);
         if let Some(d) = done {
             d.finish(Ok(()));
         }
@@ -408,7 +457,15 @@ fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
     let started = shared.stamp();
     match &job.op {
         JobOp::Coll { plan, seq, bufs } => {
+            // SAFETY: `run` is called by the thread that set `busy`; the reference ends with
+            // this arm and the engine does not reach the recorder.
+            let flight = unsafe { shared.flight() };
+            let id = flight.coll(plan.desc.with_seq(*seq), bufs.input_len.max(bufs.output_len));
             let result = engine.collective(plan, *seq, bufs);
+            flight.end(id, result.as_ref().err());
+            if let Err(e) = &result {
+                shared.report_failure(flight, e);
+            }
             shared.record(|| plan.desc.with_seq(*seq).to_string(), bufs.input_len, job.issued, started);
             job.finish(&result);
             result
@@ -424,6 +481,11 @@ fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     feed.fail_pending(&e);
+                    // SAFETY: as for collectives; the batch (and its feed's use of the
+                    // recorder) is over.
+                    let flight = unsafe { shared.flight() };
+                    flight.fail_running(&e);
+                    shared.report_failure(flight, &e);
                     if feed.first_done { Ok(()) } else { Err(e) }
                 }
             }

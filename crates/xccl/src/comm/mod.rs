@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, Plan, Tuning};
+use crate::flight::Recorder;
 use crate::frame::OpDesc;
 use crate::reduce::ReduceOp;
 use crate::schedule::{Buf, Region};
@@ -219,7 +220,8 @@ impl Communicator {
             protocols: config.protocols.clone(),
         };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
-        let stream = Stream::start(group.rank, engine)?;
+        let flight = Recorder::new(config.flight.clone(), group.rank, group.size, group.id);
+        let stream = Stream::start(group.rank, engine, flight)?;
         let plans = Mutex::new(Plans::default());
         let backend = Backend::Native(Native { stream, fabric, plans });
         Ok(Communicator { inner: Arc::new(Inner { backend, group, config }) })

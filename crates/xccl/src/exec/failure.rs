@@ -80,11 +80,6 @@ impl Engine {
         }
     }
 
-    /// The recent collectives, oldest first, for error reports.
-    pub(super) fn recent(&self) -> String {
-        self.history.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-    }
-
     /// Fails if the communicator is dead, or if a peer is known to have failed: no new
     /// operation starts after that. A peer's failure found here aborts this rank too, so its
     /// other peers hear who failed first rather than a clean goodbye.

@@ -195,7 +195,8 @@ impl Engine {
         }
         self.history.push_back(desc);
         if let Err(e) = &res {
-            tracing::error!(rank = self.rank, comm = self.comm, "{e}; recent operations: {}", self.recent());
+            // The operations before it are in the stream's flight record.
+            tracing::error!(rank = self.rank, comm = self.comm, "{e}");
             self.abort(e);
         }
         res
