@@ -117,6 +117,7 @@ pub(crate) fn connect(
     addrs: &[Option<SocketAddr>],
     max_frame: usize,
     timeout: Duration,
+    liveness: Duration,
 ) -> Result<Vec<Option<Box<dyn Link>>>> {
     let deadline = Instant::now() + timeout;
     let mut links: Vec<Option<Box<dyn Link>>> = (0..addrs.len()).map(|_| None).collect();
@@ -145,8 +146,9 @@ pub(crate) fn connect(
             &format!("rank {peer} at {addr}"),
             HANDSHAKE_PATIENCE.min(timeout),
         )?;
-        links[peer] =
-            Some(Box::new(TcpLink::new(s, comm, max_frame).map_err(|e| Error::io("configuring a link", e))?));
+        links[peer] = Some(Box::new(
+            TcpLink::new(s, comm, max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
+        ));
     }
     for (peer, slot) in links.iter_mut().enumerate().skip(me + 1) {
         if addrs[peer].is_none() {
@@ -159,8 +161,9 @@ pub(crate) fn connect(
                 acceptor.addr()
             ))
         })?;
-        *slot =
-            Some(Box::new(TcpLink::new(s, comm, max_frame).map_err(|e| Error::io("configuring a link", e))?));
+        *slot = Some(Box::new(
+            TcpLink::new(s, comm, max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
+        ));
     }
     Ok(links)
 }

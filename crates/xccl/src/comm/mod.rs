@@ -89,8 +89,16 @@ impl TcpFabric {
         let addrs: Vec<Option<SocketAddr>> = (0..members.len())
             .map(|q| (q != rank && !(shm && hosts[q] == hosts[rank])).then(|| self.addrs[members[q]]))
             .collect();
-        let mut links =
-            mesh::connect(&self.acceptor, &self.auth, id, rank, &addrs, config.tcp_segment, config.timeout)?;
+        let mut links = mesh::connect(
+            &self.acceptor,
+            &self.auth,
+            id,
+            rank,
+            &addrs,
+            config.tcp_segment,
+            config.timeout,
+            config.link_timeout,
+        )?;
         let mut memory = None;
         if shm {
             let me = local

@@ -14,6 +14,11 @@ use crate::transport::{Closed, Farewell, Interest, PeerAborted};
 pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<PeerAborted>()) {
         Some(a) => Error::RemoteAbort { op, peer, origin: a.origin, reason: a.reason.clone() },
+        None if e.kind() == std::io::ErrorKind::TimedOut => Error::PeerLost {
+            op,
+            peer,
+            detail: format!("{e}: its host stopped answering (down, or the link cut; XCCL_LINK_TIMEOUT)"),
+        },
         None => Error::PeerLost { op, peer, detail: e.to_string() },
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags, Shutdown};
+use rustix::net::{RecvFlags, SendFlags, Shutdown, sockopt};
 
 use super::{Closed, Farewell, Link};
 use crate::frame::{self, FrameKind, HEADER_LEN, Header};
@@ -103,10 +103,20 @@ impl Source {
 
 impl TcpLink {
     /// Wraps a connected, authenticated socket of communicator `comm`; frames carry at most
-    /// `max_frame` payload bytes.
-    pub fn new(sock: TcpStream, comm: u64, max_frame: usize) -> io::Result<TcpLink> {
+    /// `max_frame` payload bytes. A peer that stops answering (its host gone, the link cut)
+    /// is reported lost after about `liveness`, whether data is in flight (the kernel's
+    /// `TCP_USER_TIMEOUT`) or the link is idle (keep-alive probes every quarter of it). A peer
+    /// that is alive but stalled (stopped, overloaded) still answers them: the operation's
+    /// own `XCCL_TIMEOUT` catches that.
+    pub fn new(sock: TcpStream, comm: u64, max_frame: usize, liveness: Duration) -> io::Result<TcpLink> {
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
+        let quarter = (liveness / 4).max(Duration::from_secs(1));
+        sockopt::set_socket_keepalive(&sock, true)?;
+        sockopt::set_tcp_keepidle(&sock, quarter)?;
+        sockopt::set_tcp_keepintvl(&sock, quarter)?;
+        sockopt::set_tcp_keepcnt(&sock, 3)?;
+        sockopt::set_tcp_user_timeout(&sock, u32::try_from(liveness.as_millis()).unwrap_or(u32::MAX))?;
         let src = Source { sock, leftover: Vec::new(), leftover_at: 0, eof: false };
         Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm, max_frame })
     }
