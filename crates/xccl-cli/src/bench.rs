@@ -166,6 +166,10 @@ pub struct BenchArgs {
     /// checked on the first run only, since every run changes the data.
     #[arg(long)]
     pub inplace: bool,
+    /// Check the result after every timed run, not only after the loop (slow: for fault
+    /// campaigns, where a run that returns must never return wrong data).
+    #[arg(long)]
+    pub check_every: bool,
     /// Run this algorithm instead of the tuner's pick (`xccl verify` lists the names).
     #[arg(long, conflicts_with = "every_algo")]
     pub algo: Option<Algorithm>,
@@ -468,8 +472,14 @@ pub(crate) fn measure<T: Element>(
         .max(1);
     c.barrier()?;
     let t0 = Instant::now();
-    for _ in 0..iters {
+    for i in 0..iters {
         run_once(c, args, &mut k)?;
+        if args.check_every && !args.inplace {
+            let w = wrong(&k);
+            if w > 0 {
+                return Err(xccl::Error::Internal(format!("run {i} returned {w} wrong values")));
+            }
+        }
     }
     let dt = t0.elapsed().as_secs_f64() / iters as f64;
     c.barrier()?;

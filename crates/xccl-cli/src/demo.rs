@@ -89,6 +89,7 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             local: None,
             peer_format: false,
             inplace: false,
+            check_every: false,
             algo: None,
             every_algo: false,
             proto: None,

@@ -156,6 +156,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             local: None,
             peer_format: false,
             inplace: false,
+            check_every: false,
             algo: None,
             every_algo: false,
             proto: None,

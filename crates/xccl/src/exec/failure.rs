@@ -8,18 +8,13 @@ use super::inbound::Inbound;
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
 use crate::error::{Error, Result};
-use crate::transport::{Closed, Farewell, Interest, PeerAborted};
+use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
 
 /// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
 pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<PeerAborted>()) {
         Some(a) => Error::RemoteAbort { op, peer, origin: a.origin, reason: a.reason.clone() },
-        None if e.kind() == std::io::ErrorKind::TimedOut => Error::PeerLost {
-            op,
-            peer,
-            detail: format!("{e}: its host stopped answering (down, or the link cut; XCCL_LINK_TIMEOUT)"),
-        },
-        None => Error::PeerLost { op, peer, detail: e.to_string() },
+        None => Error::PeerLost { op, peer, detail: explain_io(&e) },
     }
 }
 impl Engine {

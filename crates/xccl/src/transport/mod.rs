@@ -487,10 +487,15 @@ impl Links {
             if self.gone[peer].is_some() || !idle || (link.fd().is_some() && !hung_up.contains(&peer)) {
                 continue;
             }
-            if let Some(how) = link.hangup()? {
-                self.gone[peer] = Some(how.clone());
-                newly.push((peer, how));
-            }
+            let how = match link.hangup() {
+                Ok(Some(how)) => how,
+                Ok(None) => continue,
+                // The socket itself failed (its host stopped answering, say): the peer is
+                // gone, and the error says how.
+                Err(e) => Closed::Vanished(explain_io(&e)),
+            };
+            self.gone[peer] = Some(how.clone());
+            newly.push((peer, how));
         }
         Ok(newly)
     }
@@ -504,5 +509,14 @@ impl Links {
             }
         }
         self.bridge = None;
+    }
+}
+
+/// A link's I/O error in words, saying what a timed-out socket means.
+pub(crate) fn explain_io(e: &io::Error) -> String {
+    if e.kind() == io::ErrorKind::TimedOut {
+        format!("{e}: its host stopped answering (down, or the link cut; XCCL_LINK_TIMEOUT)")
+    } else {
+        e.to_string()
     }
 }
