@@ -52,8 +52,9 @@ def sh(*args, check=True, **kw):
     return subprocess.run(list(args), check=check, capture_output=True, text=True, **kw)
 
 
-def job_pids(job):
-    """Pids of processes whose environment has XCCL_JOB_ID=job, by XCCL_RANK."""
+def job_pids(job, exe="xccl"):
+    """Pids of the processes of program `exe` whose environment has XCCL_JOB_ID=job, by
+    XCCL_RANK."""
     found = {}
     want = ("XCCL_JOB_ID=" + job).encode()
     for p in os.listdir("/proc"):
@@ -66,7 +67,7 @@ def job_pids(job):
                 comm = f.read().strip()
         except OSError:
             continue
-        if want in env and comm == b"xccl":
+        if want in env and comm == os.path.basename(exe)[:15].encode():
             rank = next((int(e.split(b"=")[1]) for e in env if e.startswith(b"XCCL_RANK=")), None)
             if rank is not None:
                 found[rank] = int(p)
@@ -94,7 +95,7 @@ class Campaign:
         self.rng = random.Random(args.seed)
         self.name = "f%d" % (os.getpid() % 100000)
         self.world = args.hosts * args.ranks_per_host
-        self.xccl = os.path.join(REPO, "target", "release", "xccl")
+        self.xccl = args.xccl
         os.makedirs(args.out, exist_ok=True)
 
     def up(self):
@@ -133,7 +134,7 @@ class Campaign:
         t0 = time.monotonic()
         pids = {}
         while len(pids) < self.world and time.monotonic() - t0 < 30 and launch.poll() is None:
-            pids = job_pids(job)
+            pids = job_pids(job, self.xccl)
             time.sleep(0.05)
         rec = {"trial": i, "kind": kind, "workload": what, "seed": self.a.seed}
         if len(pids) < self.world:
@@ -174,7 +175,7 @@ class Campaign:
 
     def finish(self, rec, launch, job, shm_before, seen):
         # Stop whatever is left, put the link back, then look for leftovers.
-        for p in job_pids(job).values():
+        for p in job_pids(job, self.xccl).values():
             for s in (signal.SIGCONT, signal.SIGKILL):
                 try:
                     os.kill(p, s)
@@ -188,7 +189,7 @@ class Campaign:
             sh("bash", CLUSTER, "link", self.name, str(rec["host"]), "up", check=False)
             sh("bash", CLUSTER, "link", self.name, str(rec["host"]), self.a.rate, check=False)
         time.sleep(0.1)
-        left_procs = sorted(job_pids(job).values())
+        left_procs = sorted(job_pids(job, self.xccl).values())
         left_shm = sorted(shm_files() - shm_before)
         for f in left_shm:
             try:
@@ -267,10 +268,11 @@ def main():
     p.add_argument("--grace", type=float, default=10.0, help="how long past its limit a rank may take before it counts as hung")
     p.add_argument("--train-share", type=float, default=0.15, help="share of trials that run xccl train")
     p.add_argument("--out", default=os.path.join(REPO, "target", "faults"))
+    p.add_argument("--xccl", default=os.path.join(REPO, "target", "release", "xccl"), help="the xccl binary to run")
     a = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("faults.py: needs root for network namespaces")
-    if not os.path.exists(os.path.join(REPO, "target", "release", "xccl")):
+    if not os.path.exists(a.xccl):
         subprocess.run(["cargo", "build", "--release", "-p", "xccl-cli"], cwd=REPO, check=True)
     try:
         os.remove(os.path.join(a.out, "trials.jsonl"))

@@ -186,7 +186,7 @@ pub struct BenchArgs {
     pub every_proto: bool,
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     xccl::parse_bytes("size", s, 0, usize::MAX).map_err(|e| e.to_string())
 }
 

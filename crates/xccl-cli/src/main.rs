@@ -2,7 +2,7 @@
 //! job; under a launcher, as one of its ranks), `run` launches ranks (and restarts failed jobs), `bench` measures collectives, `demo` runs and checks every
 //! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
 //! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints, `flight` prints what
-//! every rank of a failed job was doing.
+//! every rank of a failed job was doing, `sim` simulates collectives on modelled networks.
 
 mod bench;
 mod checkpoint;
@@ -10,6 +10,7 @@ mod demo;
 mod flight;
 mod pipeline_svg;
 mod run;
+mod sim;
 mod train;
 mod tune;
 mod verify;
@@ -48,6 +49,9 @@ enum Command {
     Checkpoint(checkpoint::CheckpointArgs),
     /// Print the flight records a failed job's ranks wrote: what every rank was doing.
     Flight(flight::FlightArgs),
+    /// Simulate collectives on a modelled network (ring, torus, hypercube, fat-tree,
+    /// dragonfly...) with the executor's own schedules.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,5 +76,6 @@ fn main() -> ExitCode {
         Command::Tune(args) => tune::run(&args),
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Flight(args) => flight::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }

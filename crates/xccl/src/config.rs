@@ -16,7 +16,7 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_ALGO` | algorithm overrides, e.g. `allreduce:reduce_broadcast` | none (the tuner picks) |
 /// | `XCCL_PROTO` | the protocols allowed (see [`protocol`](crate::protocol)), e.g. `stream` or `allreduce:ll,broadcast:pull` | all |
 /// | `XCCL_TUNE_LOCAL`, `XCCL_TUNE_SHM`, `XCCL_TUNE_TCP` | the tuner's constants per link class: `alpha_us,beta_gbps,gamma_gbps,delta_gbps` | measured on the reference machine |
-/// | `XCCL_LINK_TIMEOUT` | seconds after which a peer whose host stopped answering (host down, link cut) is reported lost | 4 |
+/// | `XCCL_LINK_TIMEOUT` | seconds after which a peer whose host stopped answering (host down, link cut) is reported lost | 3 |
 /// | `XCCL_LINK_PROBE` | `1` to measure the links between hosts when the job starts, `0` never (see [`Communicator::connect`](crate::Communicator::connect)) | measure when hosts meet over a network and `XCCL_TUNE_TCP` is unset |
 /// | `XCCL_FLIGHT_RECORDS` | operations each communicator's flight recorder keeps, written as JSON when it fails (`0`: off; see [`flight`](crate::flight)) | 64 |
 /// | `XCCL_FLIGHT_DIR` | where the flight records go | `$TMPDIR/xccl-flight` |
@@ -83,7 +83,7 @@ impl Default for Config {
             pull_min: crate::protocol::PULL_MIN,
             link_probe: None,
             flight: FlightConfig::default(),
-            link_timeout: Duration::from_secs(4),
+            link_timeout: Duration::from_secs(3),
         }
     }
 }

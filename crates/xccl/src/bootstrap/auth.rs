@@ -52,6 +52,27 @@ impl Auth {
         Ok(Auth { job, secret: secret.into() })
     }
 
+    /// Whether the job has a secret (an empty one is none).
+    pub fn has_secret(&self) -> bool {
+        !self.secret.is_empty()
+    }
+
+    /// Refuses to listen on `ip` where other hosts could connect unless the job has a
+    /// secret: without one, anyone who reaches the port could join the job, read its data
+    /// and feed it wrong values. `what` names the listener in the error.
+    pub fn may_listen(&self, ip: std::net::IpAddr, what: &str) -> Result<()> {
+        if ip.is_loopback() || self.has_secret() {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "refusing to listen for {what} on {ip}, an address other hosts can reach, without a job secret: \
+             anyone reaching the port could join job '{}'. Set XCCL_SECRET to the same random value on every \
+             rank (for example `export XCCL_SECRET=$(openssl rand -hex 16)` before launching), or launch with \
+             `xccl run`, which makes one; a job on one host can use MASTER_ADDR=127.0.0.1 instead",
+            self.job
+        )))
+    }
+
     /// The job id.
     pub fn job(&self) -> &str {
         &self.job
@@ -254,6 +275,31 @@ mod tests {
         let purpose = Purpose::Link { comm: 7, from: 3, to: 1 };
         let cres = client(&mut c, &client_auth, purpose, "server", Duration::from_secs(5));
         (srv.join().unwrap(), cres)
+    }
+
+    #[test]
+    fn listening_beyond_loopback_needs_a_secret() {
+        let open = Auth::new("j", "").unwrap();
+        let closed = Auth::new("j", "s3cret").unwrap();
+        let lan: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        assert!(open.may_listen("127.0.0.1".parse().unwrap(), "x").is_ok());
+        assert!(open.may_listen("::1".parse().unwrap(), "x").is_ok());
+        let e = open.may_listen(lan, "its store").unwrap_err().to_string();
+        assert!(e.contains("XCCL_SECRET") && e.contains("10.1.2.3") && e.contains("its store"), "{e}");
+        assert!(
+            open.may_listen("0.0.0.0".parse().unwrap(), "x").is_err(),
+            "every address is beyond loopback"
+        );
+        assert!(closed.may_listen(lan, "x").is_ok());
+        // The listeners themselves refuse, before binding anything.
+        let e = crate::bootstrap::StoreServer::start("0.0.0.0:0", open.clone()).err().unwrap().to_string();
+        assert!(e.contains("XCCL_SECRET"), "{e}");
+        assert!(crate::bootstrap::StoreServer::start("0.0.0.0:0", closed).is_ok());
+        let e = crate::bootstrap::mesh::Acceptor::start("0.0.0.0".parse().unwrap(), open)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("XCCL_SECRET"), "{e}");
     }
 
     #[test]

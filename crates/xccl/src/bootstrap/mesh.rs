@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Purpose};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::transport::Link;
 use crate::transport::tcp::TcpLink;
@@ -39,6 +40,7 @@ pub(crate) struct Acceptor {
 impl Acceptor {
     /// Listens on `ip` (any free port) for links of `auth`'s job.
     pub fn start(ip: std::net::IpAddr, auth: Auth) -> Result<Acceptor> {
+        auth.may_listen(ip, "the links of its ranks")?;
         let listener = TcpListener::bind((ip, 0)).map_err(|e| Error::io(format!("listening on {ip}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("listener address", e))?;
         let arrivals = Arc::new(Arrivals::default());
@@ -115,10 +117,9 @@ pub(crate) fn connect(
     comm: u64,
     me: usize,
     addrs: &[Option<SocketAddr>],
-    max_frame: usize,
-    timeout: Duration,
-    liveness: Duration,
+    config: &Config,
 ) -> Result<Vec<Option<Box<dyn Link>>>> {
+    let (max_frame, timeout, liveness) = (config.tcp_segment, config.timeout, config.link_timeout);
     let deadline = Instant::now() + timeout;
     let mut links: Vec<Option<Box<dyn Link>>> = (0..addrs.len()).map(|_| None).collect();
     for (peer, addr) in addrs.iter().enumerate().take(me) {

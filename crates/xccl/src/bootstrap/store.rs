@@ -95,7 +95,13 @@ pub struct StoreServer {
 impl StoreServer {
     /// Serves a store on `bind` (port 0 picks a free port) for clients of `auth`'s job.
     pub fn start(bind: impl ToSocketAddrs, auth: Auth) -> Result<StoreServer> {
-        let listener = TcpListener::bind(bind).map_err(|e| Error::io("binding the store's address", e))?;
+        let addrs: Vec<SocketAddr> =
+            bind.to_socket_addrs().map_err(|e| Error::io("resolving the store's address", e))?.collect();
+        for a in &addrs {
+            auth.may_listen(a.ip(), "its store")?;
+        }
+        let listener =
+            TcpListener::bind(&addrs[..]).map_err(|e| Error::io("binding the store's address", e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("store address", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let data = Arc::new(Data::default());

@@ -89,16 +89,7 @@ impl TcpFabric {
         let addrs: Vec<Option<SocketAddr>> = (0..members.len())
             .map(|q| (q != rank && !(shm && hosts[q] == hosts[rank])).then(|| self.addrs[members[q]]))
             .collect();
-        let mut links = mesh::connect(
-            &self.acceptor,
-            &self.auth,
-            id,
-            rank,
-            &addrs,
-            config.tcp_segment,
-            config.timeout,
-            config.link_timeout,
-        )?;
+        let mut links = mesh::connect(&self.acceptor, &self.auth, id, rank, &addrs, config)?;
         let mut memory = None;
         if shm {
             let me = local
@@ -826,11 +817,16 @@ fn serve_store(rv: &Rendezvous) -> Result<StoreServer> {
         .next()
         .ok_or_else(|| Error::Bootstrap(format!("'{}' resolves to no address", rv.store)))?;
     StoreServer::start(addr, rv.auth.clone()).or_else(|first| {
-        StoreServer::start(("0.0.0.0", addr.port()), rv.auth.clone()).map_err(|_| {
-            Error::Bootstrap(format!(
+        if matches!(first, Error::Config(_)) {
+            return Err(first);
+        }
+        StoreServer::start(("0.0.0.0", addr.port()), rv.auth.clone()).map_err(|e| match e {
+            // No secret: say so rather than blame the port.
+            Error::Config(_) => e,
+            _ => Error::Bootstrap(format!(
                 "rank 0 cannot serve the store at {}: {first} (is the port in use?)",
                 rv.store
-            ))
+            )),
         })
     })
 }

@@ -1,0 +1,166 @@
+//! `xccl sim`: simulates collectives on a modelled network with the schedules the executor
+//! runs (the `xccl-sim` crate) and prints, per algorithm and size, the time, algorithm and
+//! bus bandwidth, and the time the simulation took; then the simulator's best against the
+//! tuner's pick, and the busiest links (optionally an SVG heat map).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use xccl::CollKind;
+use xccl::algo::Algorithm;
+use xccl::algo::tune::CostModel;
+use xccl_sim::sweep::{sweep, tuner_pick};
+use xccl_sim::{Model, busbw_factor, report, spec};
+
+/// Arguments of `xccl sim`.
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    /// The network: star, ring, torus[:dims=8x8], hypercube, fat-tree[:k=16,levels=3,over=2],
+    /// dragonfly[:a=8,p=4,h=4,routing=valiant], dragonfly+[:leaves=8,spines=8,p=8,h=4], or
+    /// measured (the tuning file's TCP constants); every shape takes bw=GBIT_S and lat=US.
+    #[arg(long, default_value = "fat-tree")]
+    pub topology: String,
+    /// Hosts.
+    #[arg(long, default_value_t = 64)]
+    pub hosts: usize,
+    /// Ranks per host (they share its memory).
+    #[arg(long, default_value_t = 1)]
+    pub ranks_per_host: usize,
+    /// The collective.
+    #[arg(long, default_value = "all_reduce")]
+    pub collective: String,
+    /// Algorithms, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    pub algo: String,
+    /// Bytes per rank, comma-separated (K, M, G suffixes).
+    #[arg(long, default_value = "1K,1M,64M,1G", value_delimiter = ',', value_parser = crate::bench::parse_size)]
+    pub sizes: Vec<usize>,
+    /// The cost model's file (`xccl tune fit -o`); default `XCCL_TUNE_FILE` or the reference.
+    #[arg(long)]
+    pub tune_file: Option<String>,
+    /// Seconds of processor time per message between hosts, in µs (default: the model's
+    /// TCP latency for `measured`, 1 µs otherwise).
+    #[arg(long)]
+    pub alpha_us: Option<f64>,
+    /// Write a heat map of the links' load (the largest size, the best algorithm) here.
+    #[arg(long)]
+    pub svg: Option<String>,
+}
+
+/// Runs `xccl sim`.
+pub fn run(args: &SimArgs) -> ExitCode {
+    match simulate(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xccl sim: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn simulate(args: &SimArgs) -> Result<(), String> {
+    let kind = CollKind::named(&args.collective)
+        .ok_or_else(|| format!("unknown collective '{}'", args.collective))?;
+    let costs = match &args.tune_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+            CostModel::default().with_text(f, &text).map_err(|e| e.to_string())?
+        }
+        None => CostModel::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?,
+    };
+    if args.hosts == 0 || args.ranks_per_host == 0 {
+        return Err("--hosts and --ranks-per-host must be positive".into());
+    }
+    let topo = spec::parse(&args.topology, args.hosts, &costs)?;
+    let mut model = Model::from_costs(&costs);
+    if !args.topology.starts_with("measured") {
+        model.alpha = 1e-6;
+    }
+    if let Some(a) = args.alpha_us {
+        model.alpha = a * 1e-6;
+    }
+    let only: Option<Vec<Algorithm>> = match args.algo.as_str() {
+        "all" => None,
+        list => Some(
+            list.split(',')
+                .map(|a| a.trim().parse::<Algorithm>().map_err(|e| e.to_string()))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    let n = args.hosts * args.ranks_per_host;
+    let placement: Vec<usize> = (0..n).map(|r| r / args.ranks_per_host).collect();
+    println!(
+        "# xccl sim: {} on {} ({} hosts x {} ranks), alpha {:.2} us, shared memory {:.1} GB/s",
+        kind,
+        topo.name,
+        args.hosts,
+        args.ranks_per_host,
+        model.alpha * 1e6,
+        model.shm_bw / 1e9
+    );
+    println!(
+        "# {:>12} {:<20} {:>14} {:>12} {:>12} {:>10}",
+        "size(B)", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "sim(s)"
+    );
+    let t0 = Instant::now();
+    let rows = sweep(&topo, &model, &placement, kind, only.as_deref(), &args.sizes);
+    let mut heat = None;
+    for &bytes in &args.sizes {
+        let here: Vec<_> = rows.iter().filter(|r| r.bytes == bytes).collect();
+        for r in &here {
+            match &r.outcome {
+                Ok(o) => {
+                    let algbw = bytes as f64 / o.time / 1e9;
+                    println!(
+                        "  {:>12} {:<20} {:>14.2} {:>12.3} {:>12.3} {:>10.2}",
+                        bytes,
+                        r.algo.name(),
+                        o.time * 1e6,
+                        algbw,
+                        algbw * busbw_factor(kind, n),
+                        r.wall
+                    );
+                }
+                Err(e) => println!("  {:>12} {:<20} {e}", bytes, r.algo.name()),
+            }
+        }
+        let best = here
+            .iter()
+            .filter_map(|r| r.outcome.as_ref().ok().map(|o| (r.algo, o)))
+            .min_by(|a, b| a.1.time.total_cmp(&b.1.time));
+        if let Some((algo, o)) = best {
+            let pick = tuner_pick(&topo, &model, &costs, &placement, kind, bytes);
+            let verdict = match pick {
+                Some((p, _)) if p == algo => "the same".to_string(),
+                Some((p, _)) => match here.iter().find(|r| r.algo == p).and_then(|r| r.outcome.as_ref().ok())
+                {
+                    Some(po) => format!("{:.2}x the best's time", po.time / o.time),
+                    None => "not simulated".into(),
+                },
+                None => "none".into(),
+            };
+            println!(
+                "# {bytes} B: simulator's best {} ({:.2} us); tuner picks {} ({verdict})",
+                algo.name(),
+                o.time * 1e6,
+                pick.map_or("-", |p| p.0.name())
+            );
+            heat = Some((algo, bytes, o.clone()));
+        }
+    }
+    println!("# simulated in {:.2} s", t0.elapsed().as_secs_f64());
+    if let Some((algo, bytes, o)) = heat {
+        println!("# busiest links ({} at {bytes} B):", algo.name());
+        for (l, b, u) in report::busiest(&topo, &o.carried, o.time, 5) {
+            let link = &topo.links[l];
+            println!("#   {} {} -> {}: {:.3e} B, {:.0}% busy", link.kind, link.from, link.to, b, u * 100.0);
+        }
+        if let Some(path) = &args.svg {
+            let title = format!("{kind} by {} of {bytes} B per rank on {}", algo.name(), topo.name);
+            std::fs::write(path, report::heat_map_svg(&topo, &o.carried, o.time, &title))
+                .map_err(|e| format!("{path}: {e}"))?;
+            println!("# heat map: {path}");
+        }
+    }
+    Ok(())
+}

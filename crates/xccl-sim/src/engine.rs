@@ -1,0 +1,591 @@
+//! The event loop: every rank runs the program the executor would run, step by step, with
+//! the step ordering rule of `xccl::schedule::order` deciding when each operation may start.
+//!
+//! - A step's operations start once the earlier ones they follow allow it; the step ends
+//!   when all have ended, and the next starts then. Ranks meet only through messages.
+//! - A send costs its rank `alpha` of processor time (sends leave one after another), then
+//!   its bytes flow over the route to the receiver's host, sharing links fairly with other
+//!   flows ([`Fluid`]); the message arrives after the route's latency. Between ranks of one
+//!   host the route is the host's memory, with the shared-memory constants.
+//! - Sends and receives between two ranks match in program order. A receive ends when its
+//!   message has arrived and it has started, plus `gamma` per byte when it combines.
+//! - A local copy takes `delta` per byte.
+//! - Forwarding (an operation that follows another segment by segment, such as a send of
+//!   what is being received): the send starts once the first segment has arrived, and ends
+//!   no earlier than one segment's time after the receive ends. This is the pipeline's
+//!   closed form without simulating each segment.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+use xccl::CollKind;
+use xccl::algo::{self, Algorithm, Shape};
+use xccl::schedule::order::{Follow, StepOrder};
+use xccl::schedule::{Op, Program};
+
+use crate::network::Fluid;
+use crate::topology::Topology;
+
+/// The constants of the ranks (the network's are in its links).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Model {
+    /// Seconds of processor time per message sent between hosts.
+    pub alpha: f64,
+    /// Seconds per message sent inside a host.
+    pub shm_alpha: f64,
+    /// Bytes per second of a host's memory, shared by its ranks' messages.
+    pub shm_bw: f64,
+    /// Seconds per byte combined.
+    pub gamma: f64,
+    /// Seconds per byte copied locally.
+    pub delta: f64,
+    /// Bytes of a forwarding segment (the executor's).
+    pub segment: f64,
+}
+
+/// What a simulated collective did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// Seconds until the last rank finished.
+    pub time: f64,
+    /// Messages sent.
+    pub messages: u64,
+    /// Bytes carried by each link of the topology.
+    pub carried: Vec<f64>,
+}
+
+/// Operations of one rank, compactly (the programs of thousands of ranks must fit).
+struct Prog {
+    /// Index of each step's first operation, and the end.
+    steps: Vec<u32>,
+    ops: Vec<COp>,
+    /// `(op, how)` pairs, per operation a range.
+    deps: Vec<(u32, Follow)>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Send,
+    Recv { reduce: bool },
+    Copy,
+}
+
+#[derive(Clone, Copy)]
+struct COp {
+    kind: Kind,
+    peer: u32,
+    bytes: f64,
+    deps: (u32, u32),
+}
+
+fn compact(p: &Program, esize: usize) -> Result<Prog, String> {
+    let mut out = Prog { steps: vec![0], ops: Vec::new(), deps: Vec::new() };
+    for step in &p.steps {
+        let order = StepOrder::of(step, false)?;
+        for (j, op) in step.ops.iter().enumerate() {
+            let start = out.deps.len() as u32;
+            out.deps.extend(order.follows(j).iter().map(|&(i, how)| (i as u32, how)));
+            let deps = (start, out.deps.len() as u32);
+            let (kind, peer, len) = match *op {
+                Op::Send { peer, src } => (Kind::Send, peer, src.len),
+                Op::Recv { peer, dst, with } => (Kind::Recv { reduce: with.is_some() }, peer, dst.len),
+                Op::Copy { dst, .. } => (Kind::Copy, 0, dst.len),
+            };
+            out.ops.push(COp { kind, peer: peer as u32, bytes: (len * esize) as f64, deps });
+        }
+        out.steps.push(out.ops.len() as u32);
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Waiting,
+    Running,
+    Done,
+}
+
+/// Per operation of a rank's current step.
+#[derive(Clone, Copy)]
+struct OpRun {
+    state: State,
+    /// Earlier operations still in the way.
+    blockers: u32,
+    /// When its first segment is there (receives) or it may begin forwarding.
+    seg_ready: Option<f64>,
+    end: f64,
+    /// A forwarding send whose flow ended before its source: ends one segment after it.
+    held: Option<f64>,
+    msg: usize,
+}
+
+struct Msg {
+    src: u32,
+    dst: u32,
+    bytes: f64,
+    /// The sending operation (index in the sender's program).
+    send_op: u32,
+    route: Rc<[u32]>,
+    lat: f64,
+    /// Bottleneck rate of its route, for the last segment of a forwarded send.
+    bottleneck: f64,
+    arrived: Option<f64>,
+    /// When its first segment is at the receiver (messages longer than a segment).
+    first_segment: Option<f64>,
+    /// Its flow while it is in flight.
+    flow: Option<usize>,
+    /// The receiving operation, once matched.
+    recv_op: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    /// A send leaves its rank's processor.
+    Inject { msg: usize },
+    /// A message has fully arrived.
+    Arrive { msg: usize },
+    /// Is the first segment of a long message through yet?
+    Probe { msg: usize },
+    /// A receive has its first segment: forwarding may begin.
+    Segment { rank: u32, op: u32 },
+    /// An operation ends.
+    End { rank: u32, op: u32 },
+}
+
+struct Timed(f64, u64, Ev);
+
+impl PartialEq for Timed {
+    fn eq(&self, o: &Self) -> bool {
+        self.0 == o.0 && self.1 == o.1
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+    }
+}
+
+/// One collective call: what every rank runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    /// The collective.
+    pub kind: CollKind,
+    /// Its algorithm.
+    pub algo: Algorithm,
+    /// The root of rooted collectives.
+    pub root: usize,
+    /// Its layout (element counts).
+    pub shape: Shape,
+    /// Bytes per element.
+    pub esize: usize,
+}
+
+/// Simulates `call` with rank `r` on host `placement[r]` of `topo`: the same schedules the
+/// executor runs (`algo::build`).
+pub fn simulate(topo: &Topology, model: &Model, placement: &[usize], call: &Call) -> Result<Outcome, String> {
+    if let Some(&h) = placement.iter().find(|&&h| h >= topo.hosts) {
+        return Err(format!("rank placed on host {h} of a topology of {} hosts", topo.hosts));
+    }
+    let progs = (0..placement.len())
+        .map(|r| {
+            let p = algo::build(call.kind, call.algo, r, placement, call.root, &call.shape)
+                .map_err(|e| e.to_string())?;
+            compact(&p, call.esize)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Sim::new(topo, model, placement, progs).run()
+}
+
+/// A route between hosts: its links, latency and bottleneck rate.
+type Route = (Rc<[u32]>, f64, f64);
+
+struct Sim<'a> {
+    topo: &'a Topology,
+    model: &'a Model,
+    placement: &'a [usize],
+    progs: Vec<Prog>,
+    now: f64,
+    seq: u64,
+    heap: BinaryHeap<Timed>,
+    fluid: Fluid,
+    /// Flow id's message.
+    msgs: Vec<Msg>,
+    /// Per rank: current step, operations left in it, processor free from, the step's ops.
+    step: Vec<usize>,
+    left: Vec<u32>,
+    cpu: Vec<f64>,
+    runs: Vec<Vec<OpRun>>,
+    /// Per (src, dst): messages sent and not yet matched; receives started and not matched.
+    unclaimed: FxHashMap<(u32, u32), VecDeque<usize>>,
+    waiting: FxHashMap<(u32, u32), VecDeque<u32>>,
+    /// Routes between hosts, with their latency and bottleneck rate, as found.
+    routes: FxHashMap<(usize, usize), Route>,
+    /// Operations whose blockers are gone, to start now.
+    ready: Vec<(u32, u32)>,
+    finished: usize,
+}
+
+impl<'a> Sim<'a> {
+    fn new(topo: &'a Topology, model: &'a Model, placement: &'a [usize], progs: Vec<Prog>) -> Sim<'a> {
+        let n = progs.len();
+        // The topology's links, then one memory link per host.
+        let mut caps: Vec<f64> = topo.links.iter().map(|l| l.bw).collect();
+        caps.extend(std::iter::repeat_n(model.shm_bw, topo.hosts));
+        Sim {
+            topo,
+            model,
+            placement,
+            progs,
+            now: 0.0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            fluid: Fluid::new(caps),
+            msgs: Vec::new(),
+            step: vec![0; n],
+            left: vec![0; n],
+            cpu: vec![0.0; n],
+            runs: vec![Vec::new(); n],
+            unclaimed: FxHashMap::default(),
+            waiting: FxHashMap::default(),
+            routes: FxHashMap::default(),
+            ready: Vec::new(),
+            finished: 0,
+        }
+    }
+
+    fn at(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Timed(t, self.seq, ev));
+    }
+
+    fn run(mut self) -> Result<Outcome, String> {
+        for r in 0..self.progs.len() {
+            self.enter_step(r as u32);
+        }
+        self.drain_ready();
+        loop {
+            let next_ev = self.heap.peek().map(|t| t.0);
+            let next_flow = self.fluid.next_end(self.now);
+            match (next_ev, next_flow) {
+                (None, None) => break,
+                (Some(te), tf) if tf.is_none_or(|tf| te <= tf) => {
+                    self.now = self.now.max(te);
+                    while self.heap.peek().is_some_and(|t| t.0 <= self.now) {
+                        let Some(Timed(_, _, ev)) = self.heap.pop() else { break };
+                        self.handle(ev);
+                    }
+                }
+                (_, Some(tf)) => {
+                    self.now = self.now.max(tf);
+                    for tag in self.fluid.take_finished(self.now) {
+                        let m = tag as usize;
+                        self.flow_ended(m);
+                    }
+                }
+                (Some(_), None) => unreachable!("covered above"),
+            }
+            self.drain_ready();
+        }
+        if self.finished < self.progs.len() {
+            let stuck: Vec<usize> =
+                (0..self.progs.len()).filter(|&r| self.step[r] + 1 < self.progs[r].steps.len()).collect();
+            return Err(format!(
+                "the schedule deadlocks: ranks {:?} never finish (a receive without its send?)",
+                &stuck[..stuck.len().min(8)]
+            ));
+        }
+        let mut carried = self.fluid.carried.clone();
+        carried.truncate(self.topo.links.len());
+        Ok(Outcome { time: self.now, messages: self.msgs.len() as u64, carried })
+    }
+
+    /// Rank `r` enters its current step (or finishes).
+    fn enter_step(&mut self, r: u32) {
+        let ri = r as usize;
+        loop {
+            let s = self.step[ri];
+            let p = &self.progs[ri];
+            if s + 1 >= p.steps.len() {
+                self.finished += 1;
+                return;
+            }
+            let (a, b) = (p.steps[s] as usize, p.steps[s + 1] as usize);
+            if a == b {
+                self.step[ri] += 1;
+                continue;
+            }
+            self.left[ri] = (b - a) as u32;
+            let runs = &mut self.runs[ri];
+            runs.clear();
+            for j in a..b {
+                let (d0, d1) = p.ops[j].deps;
+                runs.push(OpRun {
+                    state: State::Waiting,
+                    blockers: d1 - d0,
+                    seg_ready: None,
+                    end: 0.0,
+                    held: None,
+                    msg: usize::MAX,
+                });
+                if d1 == d0 {
+                    self.ready.push((r, (j - a) as u32));
+                }
+            }
+            return;
+        }
+    }
+
+    fn drain_ready(&mut self) {
+        while let Some((r, op)) = self.ready.pop() {
+            self.start(r, op);
+        }
+    }
+
+    /// The route from host `a` to host `b` (its memory when they are the same), its latency
+    /// and its bottleneck rate.
+    fn route(&mut self, a: usize, b: usize) -> Route {
+        if let Some(r) = self.routes.get(&(a, b)) {
+            return r.clone();
+        }
+        let r = if a == b {
+            (Rc::from(vec![(self.topo.links.len() + a) as u32]), 0.0, self.model.shm_bw)
+        } else {
+            let route: Vec<u32> = self.topo.route(a, b).into_iter().map(|l| l as u32).collect();
+            let lat = route.iter().map(|&l| self.topo.links[l as usize].lat).sum();
+            let bw = route.iter().map(|&l| self.topo.links[l as usize].bw).fold(f64::INFINITY, f64::min);
+            (Rc::from(route), lat, bw)
+        };
+        self.routes.insert((a, b), r.clone());
+        r
+    }
+
+    fn op(&self, r: u32, j: u32) -> COp {
+        let ri = r as usize;
+        self.progs[ri].ops[self.progs[ri].steps[self.step[ri]] as usize + j as usize]
+    }
+
+    fn start(&mut self, r: u32, j: u32) {
+        let ri = r as usize;
+        self.runs[ri][j as usize].state = State::Running;
+        let op = self.op(r, j);
+        match op.kind {
+            Kind::Copy => {
+                let t = self.now + op.bytes * self.model.delta;
+                self.at(t, Ev::End { rank: r, op: j });
+            }
+            Kind::Send => {
+                let (hs, hd) = (self.placement[ri], self.placement[op.peer as usize]);
+                let alpha = if hs == hd { self.model.shm_alpha } else { self.model.alpha };
+                let (route, lat, bottleneck) = self.route(hs, hd);
+                let m = self.msgs.len();
+                let send_op = self.progs[ri].steps[self.step[ri]] + j;
+                self.msgs.push(Msg {
+                    src: r,
+                    dst: op.peer,
+                    bytes: op.bytes,
+                    send_op,
+                    route,
+                    lat,
+                    bottleneck,
+                    arrived: None,
+                    first_segment: None,
+                    flow: None,
+                    recv_op: None,
+                });
+                self.runs[ri][j as usize].msg = m;
+                let key = (r, op.peer);
+                if let Some(recv) = self.waiting.get_mut(&key).and_then(VecDeque::pop_front) {
+                    self.msgs[m].recv_op = Some(recv);
+                    self.runs[op.peer as usize][recv as usize].msg = m;
+                } else {
+                    self.unclaimed.entry(key).or_default().push_back(m);
+                }
+                let t = self.now.max(self.cpu[ri]) + alpha;
+                self.cpu[ri] = t;
+                self.at(t, Ev::Inject { msg: m });
+            }
+            Kind::Recv { .. } => {
+                let key = (op.peer, r);
+                match self.unclaimed.get_mut(&key).and_then(VecDeque::pop_front) {
+                    Some(m) => {
+                        self.msgs[m].recv_op = Some(j);
+                        self.runs[ri][j as usize].msg = m;
+                        if let Some(t) = self.msgs[m].first_segment {
+                            self.at(t.max(self.now), Ev::Segment { rank: r, op: j });
+                        }
+                        if self.msgs[m].arrived.is_some() {
+                            self.receive(m);
+                        }
+                    }
+                    None => self.waiting.entry(key).or_default().push_back(j),
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Inject { msg } => {
+                let m = &self.msgs[msg];
+                if m.bytes <= 0.0 {
+                    let t = self.now + m.lat;
+                    self.at(t, Ev::Arrive { msg });
+                    self.sent(msg, self.now);
+                } else {
+                    let (route, bytes, early) =
+                        (m.route.clone(), m.bytes, self.model.segment / m.bottleneck.max(1e-30));
+                    let id = self.fluid.start(self.now, route, bytes, msg as u64);
+                    self.msgs[msg].flow = Some(id);
+                    if bytes > self.model.segment {
+                        self.at(self.now + early, Ev::Probe { msg });
+                    }
+                }
+            }
+            Ev::Arrive { msg } => {
+                self.msgs[msg].arrived = Some(self.now);
+                if self.msgs[msg].recv_op.is_some() {
+                    self.receive(msg);
+                }
+            }
+            Ev::Probe { msg } => {
+                let Some(flow) = self.msgs[msg].flow else { return };
+                let m = &self.msgs[msg];
+                let delivered = m.bytes - self.fluid.remaining(self.now, flow);
+                let missing = self.model.segment - delivered;
+                if missing > 1e-9 * self.model.segment {
+                    let rate = self.fluid.rate(flow);
+                    let wait = if rate > 0.0 { missing / rate } else { missing / m.bottleneck.max(1e-30) };
+                    self.at(self.now + wait, Ev::Probe { msg });
+                    return;
+                }
+                let t = self.now + m.lat;
+                self.msgs[msg].first_segment = Some(t);
+                if let Some(j) = self.msgs[msg].recv_op {
+                    let dst = self.msgs[msg].dst;
+                    self.at(t, Ev::Segment { rank: dst, op: j });
+                }
+            }
+            Ev::Segment { rank, op } => {
+                let run = &mut self.runs[rank as usize][op as usize];
+                if run.seg_ready.is_none() && run.state != State::Done {
+                    run.seg_ready = Some(self.now);
+                    self.release(rank, op, true);
+                }
+            }
+            Ev::End { rank, op } => self.end(rank, op),
+        }
+    }
+
+    /// A flow has delivered its bytes.
+    fn flow_ended(&mut self, m: usize) {
+        self.msgs[m].flow = None;
+        let t = self.now + self.msgs[m].lat;
+        self.at(t, Ev::Arrive { msg: m });
+        self.sent(m, self.now);
+    }
+
+    /// The send of message `m` has put its last byte out at `t`: it ends, unless it
+    /// forwards what is still arriving.
+    fn sent(&mut self, m: usize, t: f64) {
+        let (r, send_op) = (self.msgs[m].src, self.msgs[m].send_op);
+        let ri = r as usize;
+        let base = self.progs[ri].steps[self.step[ri]];
+        let j = send_op - base;
+        let op = self.op(r, j);
+        let last = op.bytes.min(self.model.segment) / self.msgs[m].bottleneck.max(1e-30);
+        // Forwarding: no earlier than one segment after what it forwards.
+        let mut end = t;
+        for k in op.deps.0..op.deps.1 {
+            let (i, how) = self.progs[ri].deps[k as usize];
+            if how == Follow::Segments {
+                let src = self.runs[ri][i as usize];
+                if src.state != State::Done {
+                    self.runs[ri][j as usize].held = Some(last);
+                    return;
+                }
+                end = end.max(src.end + last);
+            }
+        }
+        self.at(end, Ev::End { rank: r, op: j });
+    }
+
+    /// The receive matched with message `m` has it all: it ends after combining.
+    fn receive(&mut self, m: usize) {
+        let (r, Some(j)) = (self.msgs[m].dst, self.msgs[m].recv_op) else { return };
+        let op = self.op(r, j);
+        let combine = match op.kind {
+            Kind::Recv { reduce: true } => op.bytes * self.model.gamma,
+            _ => 0.0,
+        };
+        let t = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + combine;
+        self.at(t, Ev::End { rank: r, op: j });
+    }
+
+    fn end(&mut self, r: u32, j: u32) {
+        let ri = r as usize;
+        let run = &mut self.runs[ri][j as usize];
+        if run.state == State::Done {
+            return;
+        }
+        run.state = State::Done;
+        run.end = self.now;
+        self.release(r, j, false);
+        // Forwarding sends held for this operation end one segment later.
+        let base = self.progs[ri].steps[self.step[ri]] as usize;
+        let count = self.runs[ri].len();
+        for k in j as usize + 1..count {
+            if let Some(last) = self.runs[ri][k].held {
+                let op = self.progs[ri].ops[base + k];
+                let waits_on_me = (op.deps.0..op.deps.1).any(|d| self.progs[ri].deps[d as usize].0 == j);
+                if waits_on_me {
+                    self.runs[ri][k].held = None;
+                    self.at(self.now + last, Ev::End { rank: r, op: k as u32 });
+                }
+            }
+        }
+        self.left[ri] -= 1;
+        if self.left[ri] == 0 {
+            self.step[ri] += 1;
+            self.enter_step(r);
+        }
+    }
+
+    /// Operation `j` of rank `r` ended (`segment`: or has its first segment): the
+    /// operations after it that it blocks may be able to start.
+    fn release(&mut self, r: u32, j: u32, segment: bool) {
+        let ri = r as usize;
+        let base = self.progs[ri].steps[self.step[ri]] as usize;
+        for k in j as usize + 1..self.runs[ri].len() {
+            let op = self.progs[ri].ops[base + k];
+            for d in op.deps.0..op.deps.1 {
+                let (i, how) = self.progs[ri].deps[d as usize];
+                if i != j {
+                    continue;
+                }
+                // A send forwarding what arrives is released by the first segment; anything
+                // else waits for the end (and must not be released twice).
+                let forwards = how == Follow::Segments && matches!(op.kind, Kind::Send);
+                if segment != forwards {
+                    if !segment && forwards && self.runs[ri][j as usize].seg_ready.is_none() {
+                        // Ended before a first segment was seen (a short message): release now.
+                    } else {
+                        continue;
+                    }
+                }
+                let run = &mut self.runs[ri][k];
+                run.blockers -= 1;
+                if run.blockers == 0 && run.state == State::Waiting {
+                    self.ready.push((r, k as u32));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The simulator against closed forms worked by hand, on uncongested topologies (exactly),
+//! and against contention (flows sharing links).
+
+use xccl::CollKind;
+use xccl::algo::{Algorithm, Shape};
+use xccl_sim::sweep::sweep;
+use xccl_sim::{Call, Model, Topology, simulate};
+
+/// No reduce or copy cost, `alpha` per message.
+fn model(alpha: f64) -> Model {
+    Model { alpha, gamma: 0.0, delta: 0.0, ..Model::default() }
+}
+
+fn call(kind: CollKind, algo: Algorithm, shape: Shape) -> Call {
+    Call { kind, algo, root: 0, shape, esize: 4 }
+}
+
+fn one_per_host(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    assert!((got - want).abs() <= 1e-9 * want, "{what}: simulated {got:.9e}, closed form {want:.9e}");
+}
+
+#[test]
+fn ring_all_reduce_on_a_ring_is_2_n_minus_1_alpha_plus_2_n_minus_1_over_n_s_over_b() {
+    let (alpha, hop, bw) = (3e-6, 1e-6, 12.5e9);
+    for n in [2, 5, 8, 16] {
+        for count in [1024usize, 1 << 20, 3 << 20] {
+            let s = 4.0 * count as f64;
+            let t = simulate(
+                &Topology::ring(n, bw, hop),
+                &model(alpha),
+                &one_per_host(n),
+                &call(CollKind::AllReduce, Algorithm::Ring, Shape::Count(count)),
+            )
+            .unwrap()
+            .time;
+            // Blocks of count/n elements, the first count % n one larger: the largest sets the pace.
+            let block = 4.0 * count.div_ceil(n) as f64;
+            let steps = 2.0 * (n as f64 - 1.0);
+            let want = steps * (alpha + hop + block / bw);
+            if count % n == 0 {
+                close(want, steps * (alpha + hop) + steps / n as f64 * s / bw, "the issue's form");
+            }
+            close(t, want, &format!("ring all-reduce n={n} S={s}"));
+        }
+    }
+}
+
+#[test]
+fn recursive_doubling_on_a_hypercube_is_log_n_rounds_of_the_whole_buffer() {
+    let (alpha, hop, bw) = (2e-6, 0.5e-6, 10e9);
+    for dim in 1..=6u32 {
+        let n = 1usize << dim;
+        let count = 65536;
+        let t = simulate(
+            &Topology::hypercube(dim, bw, hop),
+            &model(alpha),
+            &one_per_host(n),
+            &call(CollKind::AllReduce, Algorithm::RecursiveDoubling, Shape::Count(count)),
+        )
+        .unwrap()
+        .time;
+        close(
+            t,
+            f64::from(dim) * (alpha + hop + 4.0 * count as f64 / bw),
+            &format!("recursive doubling n={n}"),
+        );
+    }
+}
+
+#[test]
+fn binomial_broadcast_shares_the_senders_link_between_its_children() {
+    // xccl's binomial tree sends to all of a rank's children at once, nearest first, so a
+    // rank with c children feeds each at B/c. For n = 2^d behind one switch (two links of
+    // latency `hop` per route) the last rank hears after the root's d children, its
+    // farthest child's d-1, ..., one: sum over c of (hop·2 + c·S/B) = 2d·hop + d(d+1)/2·S/B.
+    let (hop, bw) = (1e-6, 10e9);
+    for d in 1..=5u32 {
+        let n = 1usize << d;
+        let count = 4096; // 16 KiB: below one segment, forwarded whole.
+        let t = simulate(
+            &Topology::star(n, bw, hop),
+            &model(0.0),
+            &one_per_host(n),
+            &call(CollKind::Broadcast, Algorithm::Binomial, Shape::Count(count)),
+        )
+        .unwrap()
+        .time;
+        let dd = f64::from(d);
+        close(
+            t,
+            2.0 * dd * hop + dd * (dd + 1.0) / 2.0 * 4.0 * count as f64 / bw,
+            &format!("binomial n={n}"),
+        );
+    }
+}
+
+#[test]
+fn a_pipelined_chain_pays_one_segment_per_hop_plus_the_message() {
+    // Chain broadcast of S = 16 segments over 8 ranks in a ring: the last rank has it
+    // (n-1)·(hop + seg/B) + (S - seg)/B after the start.
+    let (hop, bw) = (1e-6, 10e9);
+    let n = 8;
+    let seg = Model::default().segment;
+    let count = (16.0 * seg / 4.0) as usize;
+    let t = simulate(
+        &Topology::ring(n, bw, hop),
+        &model(0.0),
+        &one_per_host(n),
+        &call(CollKind::Broadcast, Algorithm::Chain, Shape::Count(count)),
+    )
+    .unwrap()
+    .time;
+    let s = 4.0 * count as f64;
+    close(t, (n as f64 - 1.0) * (hop + seg / bw) + (s - seg) / bw, "chain broadcast");
+}
+
+#[test]
+fn an_oversubscribed_fat_tree_halves_the_rate_across_leaves() {
+    // Pairwise all-to-all on a leaf-spine of 4 leaves × 2 hosts: every round has a pair
+    // across leaves, and with uplinks at half the host rate each such round takes twice as
+    // long (no latency or per-message cost, so only bandwidth counts).
+    let run = |over: f64| {
+        let t = Topology::fat_tree(4, 2, over, 8, 10e9, 0.0).unwrap();
+        simulate(
+            &t,
+            &model(0.0),
+            &one_per_host(8),
+            &call(CollKind::AllToAll, Algorithm::Pairwise, Shape::Count(8 << 16)),
+        )
+        .unwrap()
+        .time
+    };
+    close(run(2.0), 2.0 * run(1.0), "oversubscription 2");
+}
+
+#[test]
+fn two_senders_into_one_host_take_twice_as_long() {
+    // Linear gather on a star: every rank sends its block to the root at once, and the
+    // root's one link carries them all: (n-1)·S/B after the latency.
+    let (hop, bw) = (1e-6, 10e9);
+    let n = 3;
+    let count = 1 << 18;
+    let t = simulate(
+        &Topology::star(n, bw, hop),
+        &model(0.0),
+        &one_per_host(n),
+        &call(CollKind::Gather, Algorithm::Linear, Shape::Count(count)),
+    );
+    let t = t.unwrap().time;
+    close(t, 2.0 * hop + 2.0 * (4.0 * count as f64) / bw, "two flows into one link");
+}
+
+#[test]
+fn every_algorithm_of_every_collective_finishes_on_64_ranks() {
+    let topo = Topology::fat_tree(8, 3, 2.0, 32, 12.5e9, 0.5e-6).unwrap();
+    let placement: Vec<usize> = (0..64).map(|r| r / 2).collect();
+    for kind in xccl::CollKind::COLLECTIVES.iter() {
+        let rows = sweep(&topo, &Model::default(), &placement, *kind, None, &[4096, 1 << 22]);
+        for row in rows {
+            let out = row.outcome.unwrap_or_else(|e| panic!("{kind} by {}: {e}", row.algo));
+            assert!(out.time > 0.0 || *kind == CollKind::Barrier, "{kind} by {} took no time", row.algo);
+        }
+    }
+}
