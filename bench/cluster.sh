@@ -20,7 +20,7 @@
 #       rank's status. Interrupted, it kills every rank.
 #   bench/cluster.sh exec NAME H -- CMD ARGS...    runs CMD in host H's namespace
 #   bench/cluster.sh link NAME H down|up|RATE      cuts, restores or re-limits host H's link
-#   bench/cluster.sh down NAME                     removes the cluster (idempotent)
+#   bench/cluster.sh down NAME                     removes the cluster and kills what runs in it (idempotent)
 #   bench/cluster.sh gc                            removes clusters whose owner is gone
 #   bench/cluster.sh ls                            lists clusters and owners
 #   bench/cluster.sh run [up options] -- CMD...    up, CMD (with CLUSTER=NAME), down; the
@@ -58,6 +58,8 @@ to_mbit() {
 cmd_down() {
   local name=$1
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^xc-$name-(h[0-9]+|fab)$" || true); do
+    # Processes keep a namespace alive after its name is gone: stop them first.
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
   rm -rf "${STATE:?}/$name"

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side all-reduce over loopback TCP: iperf3, PyTorch gloo and xccl, interleaved.
+# xccl runs with XCCL_SHM=0: without it, ranks of one host talk through shared memory and
+# this would not measure TCP at all.
 #
 #   bash bench/compare_tcp.sh [REPS]          (default 3 repetitions)
 #   OUT=/tmp/x NPS="2 4" SIZES=8,1K,1M,64M bash bench/compare_tcp.sh 3
@@ -40,11 +42,15 @@ for rep in $(seq 1 "$REPS"); do
   for np in $NPS; do
     "$PRIO" "$PY" "$PEERS/gloo_allreduce.py" -n "$np" --ops all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" \
       > "$OUT/gloo_n${np}_r$rep.txt" 2>&1
-    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format \
+    XCCL_SHM=0 "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format \
       > "$OUT/xccl_n${np}_r$rep.txt" 2>&1
-    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format --inplace \
+    XCCL_SHM=0 "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench all_reduce --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format --inplace \
       > "$OUT/xcclinplace_n${np}_r$rep.txt" 2>&1
   done
 done
+# Every xccl row must have run over TCP.
+if grep -L "transport=tcp " "$OUT"/xccl*_n*_r*.txt | grep -q .; then
+  echo "some xccl runs did not use TCP: $(grep -L "transport=tcp " "$OUT"/xccl*_n*_r*.txt)" >&2; exit 1
+fi
 "$PY" "$HERE/summarize_tcp.py" "$OUT" > "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -42,6 +42,11 @@ pub struct SimArgs {
     /// TCP latency for `measured`, 1 µs otherwise).
     #[arg(long)]
     pub alpha_us: Option<f64>,
+    /// Show the tuner's pick beside the simulator's best (`auto`: up to 1024 ranks; the
+    /// tuner costs every rank's schedule of every algorithm, which takes minutes and
+    /// gigabytes at 4096 ranks).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub pick: String,
     /// Write a heat map of the links' load (the largest size, the best algorithm) here.
     #[arg(long)]
     pub svg: Option<String>,
@@ -129,7 +134,13 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
             .filter_map(|r| r.outcome.as_ref().ok().map(|o| (r.algo, o)))
             .min_by(|a, b| a.1.time.total_cmp(&b.1.time));
         if let Some((algo, o)) = best {
-            let pick = tuner_pick(&topo, &model, &costs, &placement, kind, bytes);
+            let want_pick = match args.pick.as_str() {
+                "always" => true,
+                "never" => false,
+                _ => n <= 1024,
+            };
+            let pick =
+                want_pick.then(|| tuner_pick(&topo, &model, &costs, &placement, kind, bytes)).flatten();
             let verdict = match pick {
                 Some((p, _)) if p == algo => "the same".to_string(),
                 Some((p, _)) => match here.iter().find(|r| r.algo == p).and_then(|r| r.outcome.as_ref().ok())
@@ -137,7 +148,8 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
                     Some(po) => format!("{:.2}x the best's time", po.time / o.time),
                     None => "not simulated".into(),
                 },
-                None => "none".into(),
+                None if want_pick => "none".into(),
+                None => "not asked: --pick always".into(),
             };
             println!(
                 "# {bytes} B: simulator's best {} ({:.2} us); tuner picks {} ({verdict})",

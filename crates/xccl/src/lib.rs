@@ -63,6 +63,8 @@ mod error;
 mod exec;
 pub mod flight;
 mod frame;
+#[cfg(test)]
+mod fuzz;
 pub mod protocol;
 mod reduce;
 pub mod schedule;

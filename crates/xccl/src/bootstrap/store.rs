@@ -82,6 +82,9 @@ pub trait KeyValue: Send {
     fn add(&mut self, key: &str, delta: i64) -> Result<i64>;
 }
 
+/// The longest a `get` may wait, in milliseconds: a day.
+const MAX_GET_WAIT_MS: u64 = 24 * 3600 * 1000;
+
 /// Refusals remembered.
 const MAX_REFUSALS: usize = 4;
 
@@ -217,7 +220,9 @@ fn serve(mut s: TcpStream, data: &Data) {
                 GET => {
                     let wait =
                         value.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                    let deadline = Instant::now() + Duration::from_millis(wait);
+                    // A client's wait is its own business, up to a day: the fuzzer found
+                    // that a garbage wait kept a server thread blocked for good.
+                    let deadline = Instant::now() + Duration::from_millis(wait.min(MAX_GET_WAIT_MS));
                     let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
                     loop {
                         if let Some(v) = map.get(&key) {

@@ -100,8 +100,15 @@ impl TcpFabric {
             // The host is in the name too: several "hosts" may share one machine (XCCL_HOST_KEY).
             let name =
                 format!("{}{id:016x}-h{}-{creator}", shm::segment_prefix(self.auth.job()), hosts[rank]);
-            let seg =
-                ShmSegment::join(&name, local.len(), me, config.shm_ring_for(local.len()), config.timeout)?;
+            let pids: Vec<(usize, i32)> = local.iter().map(|&q| (q, self.pids[members[q]])).collect();
+            let seg = ShmSegment::join(
+                &name,
+                local.len(),
+                me,
+                config.shm_ring_for(local.len()),
+                config.timeout,
+                &pids,
+            )?;
             let mut procs = Vec::new();
             for (i, &q) in local.iter().enumerate() {
                 if q != rank {

@@ -156,14 +156,22 @@ fn wait_until_sized(fd: &OwnedFd, len: usize, timeout: Duration, path: &str) -> 
 }
 
 impl ShmSegment {
-    /// Creates (member 0) or joins (the others) segment `name` for `m` members.
-    /// On failure the file is unlinked: the communicator will not be built, and the name
-    /// must not outlive the attempt.
-    pub fn join(name: &str, m: usize, me: usize, cap: usize, timeout: Duration) -> Result<Arc<ShmSegment>> {
+    /// Creates (member 0) or joins (the others) segment `name` for `m` members; `members`
+    /// gives each member's rank and process id when known (empty: not), so that a member
+    /// that dies or never comes is named. On failure the file is unlinked: the communicator
+    /// will not be built, and the name must not outlive the attempt.
+    pub fn join(
+        name: &str,
+        m: usize,
+        me: usize,
+        cap: usize,
+        timeout: Duration,
+        members: &[(usize, i32)],
+    ) -> Result<Arc<ShmSegment>> {
         let path = format!("{DIR}/{name}");
         let cpath =
             CString::new(path.clone()).map_err(|_| Error::Internal("segment name with a NUL".into()))?;
-        Self::attach(&path, &cpath, m, me, cap, timeout).inspect_err(|_| {
+        Self::attach(&path, &cpath, m, me, cap, timeout, members).inspect_err(|_| {
             let _ = rustix::fs::unlink(&cpath);
         })
     }
@@ -175,6 +183,7 @@ impl ShmSegment {
         me: usize,
         cap: usize,
         timeout: Duration,
+        members: &[(usize, i32)],
     ) -> Result<Arc<ShmSegment>> {
         let layout = Layout::new(m, cap);
         let fd: OwnedFd = if me == 0 {
@@ -263,25 +272,52 @@ impl ShmSegment {
             let _ = rustix::fs::unlink(cpath);
         }
         // Once all members are here, test which of them this one can read directly.
-        seg.wait_for(&header.attached, m, timeout, path)?;
+        seg.wait_for(&header.attached, m, timeout, path, members)?;
         for peer in (0..m).filter(|&p| p != me) {
             let ps = seg.slot(peer);
             let (pid, addr) = (ps.pid.load(Ordering::Relaxed) as i32, ps.probe.load(Ordering::Relaxed));
             seg.pull_flag(me, peer).store(u8::from(pull::probe(pid, addr)), Ordering::Relaxed);
         }
         header.probed.fetch_add(1, Ordering::AcqRel);
-        seg.wait_for(&header.probed, m, timeout, path)?;
+        seg.wait_for(&header.probed, m, timeout, path, members)?;
         Ok(Arc::new(seg))
     }
 
     /// Waits until `counter` reaches `m` (every member has done something).
-    fn wait_for(&self, counter: &AtomicU32, m: usize, timeout: Duration, path: &str) -> Result<()> {
+    /// A member that died while the others wait for it fails the wait at once, naming it;
+    /// a timeout names the members that never came.
+    fn wait_for(
+        &self,
+        counter: &AtomicU32,
+        m: usize,
+        timeout: Duration,
+        path: &str,
+        members: &[(usize, i32)],
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let mut looked = Instant::now();
         while (counter.load(Ordering::Acquire) as usize) < m {
+            if looked.elapsed() >= Duration::from_millis(10) {
+                looked = Instant::now();
+                if let Some(&(rank, pid)) = members.iter().find(|&&(_, pid)| !process_alive(pid)) {
+                    return Err(Error::Bootstrap(format!(
+                        "rank {rank} (pid {pid}) exited while the ranks of this host were joining shared memory {path}"
+                    )));
+                }
+            }
             if Instant::now() > deadline {
+                let missing: Vec<String> = (0..m.min(members.len()))
+                    .filter(|&i| self.slot(i).pid.load(Ordering::Relaxed) == 0)
+                    .map(|i| format!("rank {}", members[i].0))
+                    .collect();
                 return Err(Error::Bootstrap(format!(
-                    "only {} of {m} ranks of this host joined shared memory {path}",
-                    counter.load(Ordering::Acquire)
+                    "only {} of {m} ranks of this host joined shared memory {path}{}",
+                    counter.load(Ordering::Acquire),
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; never came: {}", missing.join(", "))
+                    }
                 )));
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -382,9 +418,9 @@ mod tests {
     /// Joins a 2-member segment from two threads, as two ranks would.
     fn pair(name: &str, caps: [usize; 2], timeout: Duration) -> [Result<Arc<ShmSegment>>; 2] {
         std::thread::scope(|s| {
-            let a = s.spawn(|| ShmSegment::join(name, 2, 0, caps[0], timeout));
+            let a = s.spawn(|| ShmSegment::join(name, 2, 0, caps[0], timeout, &[]));
             std::thread::sleep(Duration::from_millis(20));
-            let b = s.spawn(|| ShmSegment::join(name, 2, 1, caps[1], timeout));
+            let b = s.spawn(|| ShmSegment::join(name, 2, 1, caps[1], timeout, &[]));
             [a.join().unwrap(), b.join().unwrap()]
         })
     }
@@ -425,7 +461,7 @@ mod tests {
         let name = format!("{}unsized-{}", segment_prefix("shm-unit"), std::process::id());
         let path = format!("{DIR}/{name}");
         std::fs::write(&path, b"").unwrap();
-        let err = ShmSegment::join(&name, 2, 1, 1 << 16, Duration::from_millis(100)).err().unwrap();
+        let err = ShmSegment::join(&name, 2, 1, 1 << 16, Duration::from_millis(100), &[]).err().unwrap();
         assert!(err.to_string().contains("never sized"), "{err}");
         assert!(!std::path::Path::new(&path).exists(), "a failed join removes the file");
     }
