@@ -66,13 +66,20 @@ pub fn shape_of(kind: CollKind, bytes: usize) -> Shape {
     Shape::Count(if kind == CollKind::Barrier { 0 } else { bytes / 4 })
 }
 
-/// Whether simulating `algo` stays within [`ORDER_BUDGET`], judged on rank 0's program.
+/// Whether simulating `algo` stays within [`ORDER_BUDGET`], judged on the programs of the
+/// root (rank 0) and of the last rank, standing for the others.
 pub fn affordable(kind: CollKind, algo: Algorithm, placement: &[usize], shape: &Shape) -> Result<(), String> {
-    let p = algo::build(kind, algo, 0, placement, 0, shape).map_err(|e| e.to_string())?;
-    let per_rank: f64 = p.steps.iter().map(|s| (s.ops.len() as f64).powi(2)).sum();
-    let work = per_rank * placement.len() as f64;
+    let n = placement.len();
+    let cost = |r: usize| -> Result<(f64, usize), String> {
+        let p = algo::build(kind, algo, r, placement, 0, shape).map_err(|e| e.to_string())?;
+        let sq = p.steps.iter().map(|s| (s.ops.len() as f64).powi(2)).sum();
+        Ok((sq, p.steps.iter().map(|s| s.ops.len()).max().unwrap_or(0)))
+    };
+    let (root, root_widest) = cost(0)?;
+    let (other, other_widest) = if n > 1 { cost(n - 1)? } else { (0.0, 0) };
+    let work = root + other * (n.saturating_sub(1)) as f64;
     if work > ORDER_BUDGET {
-        let widest = p.steps.iter().map(|s| s.ops.len()).max().unwrap_or(0);
+        let widest = root_widest.max(other_widest);
         return Err(format!(
             "skipped: {} ranks with {widest} operations in a step need ~{work:.0e} ordering checks (budget {ORDER_BUDGET:.0e})",
             placement.len()
