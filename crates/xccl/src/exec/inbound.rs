@@ -181,7 +181,14 @@ impl Engine {
                     n > 0
                 }
                 Inbound::Pulling { target, from, addr, len, mut pos, header } => {
-                    let n = self.pull(run, peer, target, from, addr + pos as u64, len - pos)?;
+                    // `addr` is the peer's word: an address past the end of memory is refused
+                    // by the copy, never wrapped around.
+                    let at = addr.checked_add(pos as u64).ok_or_else(|| Error::Protocol {
+                        op: run.ctx.describe(),
+                        peer,
+                        detail: format!("pull at {addr:#x}+{pos} runs past the end of memory"),
+                    })?;
+                    let n = self.pull(run, peer, target, from, at, len - pos)?;
                     pos += n;
                     self.peers[peer].inbound = if pos < len {
                         Inbound::Pulling { target, from, addr, len, pos, header }
@@ -197,11 +204,16 @@ impl Engine {
                     let t = &run.tasks[task];
                     let len = t.span.len - from;
                     let n = (len - pos).min(PULL_PLAIN_CHUNK);
+                    let at = addr.checked_add(pos as u64).ok_or_else(|| Error::Protocol {
+                        op: run.ctx.describe(),
+                        peer,
+                        detail: format!("push to {addr:#x}+{pos} runs past the end of memory"),
+                    })?;
                     // SAFETY: the bytes lie in the send's span (`from + pos + n <= span.len`),
                     // which only sends read; the receiver named `addr..addr + len` as the tail
                     // of its own receive buffer, which it leaves alone until it is told below
                     // that the tail is written.
-                    unsafe { pull::write(to, addr + pos as u64, t.span.bytes(from + pos, from + pos + n)) }
+                    unsafe { pull::write(to, at, t.span.bytes(from + pos, from + pos + n)) }
                         .map_err(|e| lost(run.op(), peer, e))?;
                     pos += n;
                     self.peers[peer].inbound = if pos < len {
@@ -458,7 +470,9 @@ impl Engine {
                     ))
                 })?;
                 let t = &mut run.tasks[i];
-                if header.offset != t.done as u64 || t.done + t.pushed + acked > t.sent {
+                // `acked` is the peer's word: checked, so that no value of it overflows.
+                let within = t.done.checked_add(t.pushed).and_then(|n| n.checked_add(acked));
+                if header.offset != t.done as u64 || within.is_none_or(|n| n > t.sent) {
                     return Err(protocol(format!(
                         "acknowledgement of bytes {}..+{acked} while {} of {} sent bytes were acknowledged",
                         header.offset, t.done, t.sent

@@ -103,12 +103,37 @@ impl Engine {
     /// matches, or the stash.
     pub(super) fn route_p2p(&mut self, run: &mut StepRun<'_>, peer: usize, h: &Header) -> Result<Target> {
         let ctx = run.ctx;
+        let protocol = |detail: String| Error::Protocol { op: ctx.describe(), peer, detail };
         if h.offset > 0 {
-            return self.peers[peer].continuing.ok_or_else(|| Error::Protocol {
-                op: ctx.describe(),
-                peer,
-                detail: format!("continuation of message #{} without its start", h.seq),
-            });
+            let target = self.peers[peer]
+                .continuing
+                .ok_or_else(|| protocol(format!("continuation of message #{} without its start", h.seq)))?;
+            // The continuation must carry on where the message stands, with the message's
+            // size: its payload is written straight after the bytes already received.
+            let (received, total) = match target {
+                Target::Task(i) => (run.tasks[i].done, run.tasks[i].span.len),
+                Target::Stash(id) => {
+                    let s = self
+                        .stash
+                        .get_mut(id)
+                        .ok_or_else(|| protocol("continuation of a dropped message".into()))?;
+                    (s.filled, s.data.len())
+                }
+                Target::Reason => return Err(protocol("continuation of an abort notice".into())),
+            };
+            if h.offset != received as u64 || h.total != total as u64 {
+                return Err(protocol(format!(
+                    "frame covers bytes {}..+{} of a {}-byte message, which stands at byte {received} of {total}",
+                    h.offset, h.len, h.total
+                )));
+            }
+            return Ok(target);
+        }
+        if self.peers[peer].continuing.is_some() {
+            return Err(protocol(format!(
+                "message #{} began before its previous message to this rank ended",
+                h.seq
+            )));
         }
         let target = match run.matching_recv(peer, h.step) {
             Some(i) => {
