@@ -10,7 +10,7 @@ REPO="$(cd "$HERE/.." && pwd)"
 SEED="${SEED:-$RANDOM}"
 run() {
   XCCL_FUZZ_CASES="$2" XCCL_FUZZ_SEED="$SEED" cargo test --release --manifest-path "$REPO/Cargo.toml" \
-    -p xccl --lib "$1" -- --nocapture --test-threads 1 2>&1 | grep -E "^fuzz |panicked|test result"
+    -p xccl --lib "$1" -- --nocapture --test-threads 1 2>&1 | grep -oE "fuzz [a-z ]+: [0-9]+ inputs in [0-9.]+ s \([0-9]+/s\)|panicked.*|test result.*"
 }
 echo "seed $SEED"
 run fuzz::frame_headers "${CASES:-10000000}"
