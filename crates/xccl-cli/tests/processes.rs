@@ -29,6 +29,7 @@ fn main() {
         ("collectives between processes under xccl run", collectives_under_launcher),
         ("static rendezvous without a launcher (torchrun variables)", static_rendezvous),
         ("a killed rank fails the others promptly, naming it", killed_rank),
+        ("a stopped rank is named by every survivor, however far it waits", stopped_rank),
         ("the launcher stops the job when a rank fails", launcher_failure),
         ("a failed job prints what every rank was doing (flight records)", flight_records),
         ("the launcher prefixes output with ranks", launcher_prefix),
@@ -36,8 +37,12 @@ fn main() {
         ("a wrong secret is refused between processes", wrong_secret),
         ("the launcher removes the segment files a failed job left", launcher_sweeps_segments),
     ];
+    // `cargo test --test processes -- WORDS` runs the tests whose names contain WORDS.
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let tests: Vec<&Test> =
+        tests.iter().filter(|(name, _)| filter.iter().all(|f| name.contains(f.as_str()))).collect();
     let mut failed = 0;
-    for (name, test) in tests {
+    for (name, test) in &tests {
         let t0 = Instant::now();
         match test() {
             Ok(()) => println!("test {name} ... ok ({:.1} s)", t0.elapsed().as_secs_f64()),
@@ -57,6 +62,7 @@ fn rank_main(scenario: &str) -> i32 {
     let result = match scenario {
         "collectives" => collectives(),
         "killed" => survive_a_kill(),
+        "stopped" => survive_a_stop(),
         "hello" => Communicator::from_env().and_then(|c| c.barrier()),
         "orphan" => leave_a_segment(),
         other => Err(xccl::Error::Config(format!("unknown scenario {other}"))),
@@ -153,6 +159,25 @@ fn survive_a_kill() -> xccl::Result<()> {
     Ok(())
 }
 
+/// Ring all-reduces in a loop; rank `XCCL_TEST_VICTIM` stops itself (SIGSTOP) in the middle
+/// of one, so that most survivors wait for a rank that waits in turn.
+fn survive_a_stop() -> xccl::Result<()> {
+    let victim: usize = std::env::var("XCCL_TEST_VICTIM").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let c = Communicator::from_env()?;
+    let mut v = vec![1f32; 1 << 16];
+    for i in 0..100_000 {
+        if c.rank() == victim && i == 3 {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                let _ =
+                    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+            });
+        }
+        c.all_reduce(&mut v, ReduceOp::Max)?;
+    }
+    Ok(())
+}
+
 // ---- orchestration side ----
 
 /// Leaves a file named like a segment of this job in /dev/shm, as a rank killed while its
@@ -238,6 +263,7 @@ fn spawn_static(
     scenario: &str,
     timeout: &str,
     secret_of: impl Fn(usize) -> String,
+    extra_env: &[(&str, String)],
 ) -> Result<Vec<Child>, String> {
     let port = free_port().to_string();
     (0..n)
@@ -252,6 +278,7 @@ fn spawn_static(
                 .env("XCCL_SECRET", secret_of(r))
                 .env("XCCL_TIMEOUT", timeout)
                 .env_remove("XCCL_STORE_ADDR")
+                .envs(extra_env.iter().map(|(k, v)| (k, v)))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -261,7 +288,7 @@ fn spawn_static(
 }
 
 fn static_rendezvous() -> Result<(), String> {
-    let children = spawn_static(3, "collectives", "60", |_| "same".into())?;
+    let children = spawn_static(3, "collectives", "60", |_| "same".into(), &[])?;
     for (r, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().map_err(|e| e.to_string())?;
         if !out.status.success() {
@@ -273,7 +300,7 @@ fn static_rendezvous() -> Result<(), String> {
 
 fn killed_rank() -> Result<(), String> {
     let start = Instant::now();
-    let children = spawn_static(4, "killed", "60", |_| "s".into())?;
+    let children = spawn_static(4, "killed", "60", |_| "s".into(), &[])?;
     let mut report = String::new();
     for (r, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().map_err(|e| e.to_string())?;
@@ -289,6 +316,71 @@ fn killed_rank() -> Result<(), String> {
     let took = start.elapsed();
     if took > Duration::from_secs(20) {
         report += &format!("the survivors took {took:?} to fail\n");
+    }
+    if report.is_empty() { Ok(()) } else { Err(report) }
+}
+
+/// Every survivor must blame the stopped rank, not the neighbour it waited for: under a
+/// static rendezvous (rank 0 serves the store; also when rank 0 is the one stopped) and
+/// under `xccl run` (the launcher serves it), over shared memory and over TCP.
+fn stopped_rank() -> Result<(), String> {
+    let mut report = String::new();
+    for (victim, launcher, shm) in [(2, false, "1"), (0, false, "0"), (3, true, "0")] {
+        let env = [
+            ("XCCL_TEST_VICTIM", victim.to_string()),
+            ("XCCL_ALGO", "allreduce:ring".to_string()),
+            ("XCCL_SHM", shm.to_string()),
+        ];
+        let start = Instant::now();
+        let outs: Vec<(usize, Output)> = if launcher {
+            let mut cmd = Command::new(XCCL);
+            cmd.args(["run", "-n", "5", "--", &me()])
+                .env("XCCL_TEST_SCENARIO", "stopped")
+                .env("XCCL_TIMEOUT", "2");
+            cmd.envs(env.iter().map(|(k, v)| (k, v)));
+            // The launcher stops the stopped rank once the others have failed.
+            let out = run_with_deadline(cmd, Duration::from_secs(60))?;
+            let all = text(&out);
+            (0..5)
+                .filter(|&r| r != victim)
+                .map(|r| {
+                    let mine: String = all
+                        .lines()
+                        .filter(|l| l.starts_with(&format!("[{r}]")))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    (r, Output { status: out.status, stdout: Vec::new(), stderr: mine.into_bytes() })
+                })
+                .collect()
+        } else {
+            let mut children = spawn_static(5, "stopped", "2", |_| "s".into(), &env)?;
+            let stopped = children.remove(victim);
+            let outs = children
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let r = if i >= victim { i + 1 } else { i };
+                    c.wait_with_output().map(|o| (r, o)).map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<_>, String>>();
+            let mut stopped = stopped;
+            let _ = stopped.kill();
+            let _ = stopped.wait();
+            outs?
+        };
+        let took = start.elapsed();
+        for (r, out) in outs {
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            let blames = err.contains(&format!("rank {victim} is silent"))
+                || err.contains(&format!("rank {victim} failed"));
+            if !err.contains("RANK ERROR") || !blames {
+                report += &format!("victim {victim}: rank {r} did not blame it: {}\n", text(&out));
+            }
+        }
+        // XCCL_TIMEOUT is 2 s, the patience 1 s: the survivors end soon after.
+        if took > Duration::from_secs(25) {
+            report += &format!("victim {victim}: the survivors took {took:?} to fail\n");
+        }
     }
     if report.is_empty() { Ok(()) } else { Err(report) }
 }
@@ -406,7 +498,7 @@ fn launcher_interrupt() -> Result<(), String> {
 fn wrong_secret() -> Result<(), String> {
     // Rank 1 is refused by rank 0's store at once; rank 0 waits for it until its deadline
     // and then says why it never came.
-    let children = spawn_static(2, "hello", "3", |r| format!("secret-{r}"))?;
+    let children = spawn_static(2, "hello", "3", |r| format!("secret-{r}"), &[])?;
     let mut report = String::new();
     for (r, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().map_err(|e| e.to_string())?;

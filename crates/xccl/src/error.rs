@@ -34,8 +34,12 @@ pub enum Error {
         rank: usize,
         /// How long it waited without progress.
         secs: f64,
-        /// Which ranks were not heard from, and which were not reading.
+        /// Which ranks were not heard from, which were not reading, and (where the ranks
+        /// share a store) which rank the waiting leads to.
         detail: String,
+        /// The ranks found silent: those the chain of waiting ranks leads to, which did not
+        /// time out in turn (empty if none was found).
+        silent: Vec<usize>,
     },
     /// A peer disappeared: its process died or its connection closed.
     #[error("{op}: lost rank {peer}: {detail}")]
@@ -136,6 +140,7 @@ impl Error {
         match self {
             Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
             Error::RemoteAbort { origin, .. } => Some(*origin),
+            Error::Timeout { silent, .. } => silent.first().copied(),
             Error::Aborted(inner) => inner.culprit(),
             _ => None,
         }

@@ -68,6 +68,7 @@ mod fuzz;
 pub mod protocol;
 mod reduce;
 pub mod schedule;
+mod stall;
 mod stream;
 mod transport;
 pub mod verify;

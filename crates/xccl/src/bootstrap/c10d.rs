@@ -207,6 +207,11 @@ impl C10dClient {
 
     /// Sets `key` to `value`.
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.set_within(key, value, Duration::from_secs(30))
+    }
+
+    /// Sets `key` to `value`, failing if the store does not confirm within `patience`.
+    pub fn set_within(&mut self, key: &str, value: &[u8], patience: Duration) -> Result<()> {
         if value.len() > MAX_VALUE {
             return Err(Error::Bootstrap(format!("store value of '{key}' larger than {MAX_VALUE} bytes")));
         }
@@ -216,7 +221,7 @@ impl C10dClient {
         // No reply: a PING after it tells that the server took it (and keeps errors near).
         b.push(query::PING);
         b.extend_from_slice(&1u32.to_le_bytes());
-        let echo = self.exchange(&b, Duration::from_secs(30), "a set", read_u32)?;
+        let echo = self.exchange(&b, patience, "a set", read_u32)?;
         if echo != 1 {
             return Err(Error::Bootstrap(format!("store at {} answered out of turn", self.addr)));
         }
@@ -255,6 +260,20 @@ impl C10dClient {
             put_bytes(&mut b, self.key(k)?.as_bytes());
         }
         Ok(self.exchange(&b, Duration::from_secs(30), "a check", read_u8)? == READY)
+    }
+
+    /// The value of `key` if it is set, without waiting for it (each answer within
+    /// `patience`).
+    pub fn peek(&mut self, key: &str, patience: Duration) -> Result<Option<Vec<u8>>> {
+        let mut b = vec![query::CHECK];
+        b.extend_from_slice(&1u64.to_le_bytes());
+        put_bytes(&mut b, self.key(key)?.as_bytes());
+        if self.exchange(&b, patience, "a check", read_u8)? != READY {
+            return Ok(None);
+        }
+        let mut b = vec![query::GET];
+        put_bytes(&mut b, self.key(key)?.as_bytes());
+        self.exchange(&b, patience, "a value", |s| read_bytes(s, MAX_VALUE)).map(Some)
     }
 
     /// Deletes `key`; whether it existed.
@@ -452,6 +471,13 @@ mod tests {
         assert!(!c.check(&["nobody"]).unwrap());
         assert!(c.delete("from/torch").unwrap());
         assert!(!c.delete("from/torch").unwrap());
+        // Looks without waiting, as a rank that timed out reads the others' posts.
+        let t = Duration::from_secs(5);
+        assert_eq!(c.peek("from/xccl", t).unwrap(), Some(b"x".to_vec()));
+        assert_eq!(c.peek("nobody", t).unwrap(), None);
+        c.set_within("post", b"1,2", t).unwrap();
+        assert_eq!(x.peek("post", t).unwrap(), Some(b"1,2".to_vec()));
+        assert_eq!(x.peek("nobody", t).unwrap(), None);
     }
 
     #[test]

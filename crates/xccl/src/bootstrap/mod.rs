@@ -7,6 +7,7 @@
 //! protocol ([`c10d`]); any store with [`KeyValue`]'s three calls will do.
 
 pub mod auth;
+pub(crate) mod board;
 pub mod c10d;
 pub mod env;
 pub(crate) mod host;

@@ -147,6 +147,30 @@ impl StoreServer {
         Ok(StoreServer { addr, stop, thread: Some(thread) })
     }
 
+    /// Serves the store at `rv.store` (rank 0's part when no launcher serves it), on that
+    /// address if it is this host's, else on all interfaces at its port.
+    pub(crate) fn serve(rv: &super::Rendezvous) -> Result<StoreServer> {
+        let addr = rv
+            .store
+            .to_socket_addrs()
+            .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{}': {e}", rv.store)))?
+            .next()
+            .ok_or_else(|| Error::Bootstrap(format!("'{}' resolves to no address", rv.store)))?;
+        StoreServer::start(addr, rv.auth.clone()).or_else(|first| {
+            if matches!(first, Error::Config(_)) {
+                return Err(first);
+            }
+            StoreServer::start(("0.0.0.0", addr.port()), rv.auth.clone()).map_err(|e| match e {
+                // No secret: say so rather than blame the port.
+                Error::Config(_) => e,
+                _ => Error::Bootstrap(format!(
+                    "rank 0 cannot serve the store at {}: {first} (is the port in use?)",
+                    rv.store
+                )),
+            })
+        })
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -349,7 +373,19 @@ impl StoreClient {
 
     /// Sets `key` to `value`.
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
-        self.request(SET, key, value, Duration::from_secs(30)).map(|_| ())
+        self.set_within(key, value, Duration::from_secs(30))
+    }
+
+    /// Sets `key` to `value`, failing if the store does not confirm within `patience`.
+    pub fn set_within(&mut self, key: &str, value: &[u8], patience: Duration) -> Result<()> {
+        self.request(SET, key, value, patience).map(|_| ())
+    }
+
+    /// The value of `key` if it is set, without waiting for it (the answer within
+    /// `patience`).
+    pub fn peek(&mut self, key: &str, patience: Duration) -> Result<Option<Vec<u8>>> {
+        let (status, v) = self.request(GET, key, &0u64.to_le_bytes(), patience)?;
+        Ok((status != MISSING).then_some(v))
     }
 
     /// Waits until `key` is set (at most the client's timeout) and returns its value.

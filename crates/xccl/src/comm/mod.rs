@@ -6,7 +6,7 @@ mod ops;
 mod probe;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,6 +14,7 @@ use rustc_hash::FxHashMap;
 
 use crate::algo::tune::{self, Choice, CostModel, LinkClass, Topology};
 use crate::algo::{self, Algorithm, Shape};
+use crate::bootstrap::board::{StoreAddress, StoreBoard};
 use crate::bootstrap::host;
 use crate::bootstrap::mesh::{self, Acceptor};
 use crate::bootstrap::{Auth, C10dClient, KeyValue, Rendezvous, StoreClient, StoreServer};
@@ -26,6 +27,7 @@ use crate::flight::Recorder;
 use crate::frame::OpDesc;
 use crate::reduce::ReduceOp;
 use crate::schedule::{Buf, Region};
+use crate::stall::Board;
 use crate::stream::{JobOp, Stream};
 use crate::transport::local::{self, LocalMesh};
 use crate::transport::shm::{self, ShmSegment};
@@ -54,6 +56,16 @@ pub struct Communicator {
     inner: Arc<Inner>,
 }
 
+/// How a world is joined, beside its rendezvous: its key space in the store, the address
+/// to listen on, the store this rank serves, and how to reach the store again.
+struct Via {
+    generation: u64,
+    ip: IpAddr,
+    served: Option<StoreServer>,
+    board: Option<StoreAddress>,
+    rank0_serves: bool,
+}
+
 /// How a communicator makes the links of its sub-communicators.
 enum Fabric {
     /// Ranks are threads of this process.
@@ -71,6 +83,11 @@ struct TcpFabric {
     auth: Auth,
     /// The store, when rank 0 serves it.
     _store: Option<StoreServer>,
+    /// The job's store, where ranks that time out find the silent one (`None`: a store the
+    /// program brought, which xccl cannot reach again).
+    board: Option<StoreAddress>,
+    /// Whether world rank 0's process serves that store.
+    rank0_serves: bool,
 }
 
 impl TcpFabric {
@@ -219,11 +236,19 @@ fn hash_str(s: &str) -> u64 {
 
 impl Communicator {
     fn build(group: Group, links: Links, config: Config, fabric: Fabric) -> Result<Communicator> {
+        let board: Option<Arc<dyn Board>> = match &fabric {
+            Fabric::Tcp(f) => f.board.clone().map(|store| {
+                let server = f.rank0_serves.then(|| group.members.iter().position(|&m| m == 0)).flatten();
+                Arc::new(StoreBoard::new(store, group.id, group.size, server)) as Arc<dyn Board>
+            }),
+            Fabric::Local => None,
+        };
         let tuning = Tuning {
             timeout: config.timeout,
             max_stash: config.max_unexpected,
             pull_min: config.pull_min,
             protocols: config.protocols.clone(),
+            board,
         };
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let flight = Recorder::new(config.flight.clone(), group.rank, group.size, group.id);
@@ -330,7 +355,7 @@ impl Communicator {
             *n += 1;
             *n - 1
         };
-        let served = if rv.serve_store && rv.rank == 0 { Some(serve_store(rv)?) } else { None };
+        let served = if rv.serve_store && rv.rank == 0 { Some(StoreServer::serve(rv)?) } else { None };
         let (mut store, ip): (Box<dyn KeyValue>, IpAddr) = match &rv.c10d_prefix {
             Some(prefix) => {
                 let c = C10dClient::connect(&rv.store, prefix, rv.timeout)?;
@@ -343,7 +368,12 @@ impl Communicator {
                 (Box::new(c), ip)
             }
         };
-        Communicator::connect_via(rv, store.as_mut(), generation, ip, served, config)
+        let board = match &rv.c10d_prefix {
+            Some(prefix) => StoreAddress::C10d { addr: rv.store.clone(), prefix: prefix.clone() },
+            None => StoreAddress::Ours { addr: rv.store.clone(), auth: rv.auth.clone() },
+        };
+        let via = Via { generation, ip, served, board: Some(board), rank0_serves: rv.serve_store };
+        Communicator::connect_via(rv, store.as_mut(), via, config)
     }
 
     /// Joins the job described by `rv` (its rank, size, job and host; its `store` address
@@ -357,17 +387,17 @@ impl Communicator {
         ip: IpAddr,
         config: Config,
     ) -> Result<Communicator> {
-        Communicator::connect_via(rv, store, 0, ip, None, config)
+        let via = Via { generation: 0, ip, served: None, board: None, rank0_serves: false };
+        Communicator::connect_via(rv, store, via, config)
     }
 
     fn connect_via(
         rv: &Rendezvous,
         client: &mut dyn KeyValue,
-        generation: u64,
-        ip: IpAddr,
-        served: Option<StoreServer>,
+        via: Via,
         config: Config,
     ) -> Result<Communicator> {
+        let Via { generation, ip, served, board, rank0_serves } = via;
         let acceptor = Acceptor::start(ip, rv.auth.clone())?;
         let prefix = format!("world{generation}");
         let me =
@@ -401,7 +431,8 @@ impl Communicator {
             keys.push(key.to_string());
         }
         let id = mix(&[hash_str(rv.auth.job()), generation, rv.size as u64]);
-        let fabric = TcpFabric { acceptor, addrs, pids, auth: rv.auth.clone(), _store: served };
+        let fabric =
+            TcpFabric { acceptor, addrs, pids, auth: rv.auth.clone(), _store: served, board, rank0_serves };
         let hosts = host::host_indices(&keys);
         let members: Vec<usize> = (0..rv.size).collect();
         let links = fabric.links(id, rv.rank, &members, &hosts, &config)?;
@@ -812,30 +843,6 @@ fn wants_mpi() -> Result<bool> {
             "XCCL_BACKEND='{other}' is not a backend: use 'native' (xccl's own transports, the default) or 'mpi'"
         ))),
     }
-}
-
-/// Serves the store at `rv.store`, on that address if it is this host's, else on all
-/// interfaces at its port.
-fn serve_store(rv: &Rendezvous) -> Result<StoreServer> {
-    let addr = rv
-        .store
-        .to_socket_addrs()
-        .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{}': {e}", rv.store)))?
-        .next()
-        .ok_or_else(|| Error::Bootstrap(format!("'{}' resolves to no address", rv.store)))?;
-    StoreServer::start(addr, rv.auth.clone()).or_else(|first| {
-        if matches!(first, Error::Config(_)) {
-            return Err(first);
-        }
-        StoreServer::start(("0.0.0.0", addr.port()), rv.auth.clone()).map_err(|e| match e {
-            // No secret: say so rather than blame the port.
-            Error::Config(_) => e,
-            _ => Error::Bootstrap(format!(
-                "rank 0 cannot serve the store at {}: {first} (is the port in use?)",
-                rv.store
-            )),
-        })
-    })
 }
 
 /// The element type of a point-to-point message, for checks on the receiving side.

@@ -8,6 +8,7 @@ use super::inbound::Inbound;
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
 use crate::error::{Error, Result};
+use crate::stall;
 use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
 
 /// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
@@ -130,16 +131,22 @@ impl Engine {
         Error::PeerLost { op, peer, detail }
     }
 
+    /// The error of a step that made no progress for `idle_for`: which peers were silent and
+    /// which did not read, and, if the ranks share a board, which rank the waiting leads to
+    /// (`crate::stall`).
     pub(super) fn timeout_error(&self, run: &StepRun<'_>, idle_for: Duration) -> Error {
         let mut silent = Vec::new();
         let mut deaf = Vec::new();
+        let mut waits_for = Vec::new();
         for t in run.tasks.iter().filter(|t| !t.complete) {
             match t.act {
                 Act::Recv { peer, .. } => {
-                    silent.push(format!("rank {peer} ({} of {} bytes received)", t.done, t.span.len))
+                    silent.push(format!("rank {peer} ({} of {} bytes received)", t.done, t.span.len));
+                    waits_for.push(peer);
                 }
                 Act::Send { peer } => {
-                    deaf.push(format!("rank {peer} ({} of {} bytes sent)", t.done, t.span.len))
+                    deaf.push(format!("rank {peer} ({} of {} bytes sent)", t.done, t.span.len));
+                    waits_for.push(peer);
                 }
                 Act::Copy { .. } => {}
             }
@@ -154,6 +161,19 @@ impl Engine {
             }
             detail += &format!("not read by {}", deaf.join(", "));
         }
-        Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail }
+        waits_for.sort_unstable();
+        waits_for.dedup();
+        let mut blamed = Vec::new();
+        if let Some(board) = &self.tuning.board {
+            let verdict = stall::find_silent(
+                board.as_ref(),
+                self.rank,
+                &waits_for,
+                stall::patience(self.tuning.timeout),
+            );
+            detail += &format!("; {}", verdict.describe());
+            blamed = verdict.silent();
+        }
+        Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail, silent: blamed }
     }
 }

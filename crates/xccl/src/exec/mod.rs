@@ -73,6 +73,9 @@ pub(crate) struct Tuning {
     pub pull_min: usize,
     /// The protocols each collective may use (`XCCL_PROTO`).
     pub protocols: ProtocolPolicy,
+    /// Where a rank that times out finds out which rank is silent (the job's store), if the
+    /// ranks share one.
+    pub board: Option<std::sync::Arc<dyn crate::stall::Board>>,
 }
 /// One rank's executor in one communicator: its links, the state of each peer, and all
 /// other state that outlives a step.
