@@ -78,8 +78,8 @@ impl Verdict {
                 }
             }
             Verdict::Cycle { waiting } => format!(
-                "no rank is silent: {} all wait for one another (ranks that called different operations, \
-                 or a deadlock in the program)",
+                "no rank is silent: {} wait in turn, and so on around (a link too slow to make progress \
+                 within XCCL_TIMEOUT, or ranks waiting for one another in a deadlock)",
                 list(waiting)
             ),
             Verdict::Unreachable { server: Some(s), why } => format!(
