@@ -231,5 +231,29 @@ fn timeouts_name_the_operation_and_the_silent_rank() {
         if let Error::Timeout { .. } = e {
             assert!(msg.contains("barrier #0") && msg.contains("rank 1"), "{msg}");
         }
+        // Rank 1 never says whom it waits for: every rank that gave up blames it.
+        assert_eq!(e.culprit(), Some(1), "{msg}");
+    }
+}
+
+#[test]
+fn a_peer_that_does_not_read_for_longer_than_the_link_timeout_is_not_lost() {
+    // Rank 1 sends more than the sockets hold while rank 0 is busy for 4 s: its window stays
+    // closed four times longer than the link timeout, but its host answers, so nothing is
+    // lost (the kernel's TCP_USER_TIMEOUT would have ended the connection).
+    let config = Config { link_timeout: Duration::from_secs(1), ..test_config() };
+    let n = 32 << 20;
+    let got = on_tcp_ranks(2, config, |c| {
+        if c.rank() == 1 {
+            let v: Vec<u32> = (0..n as u32).collect();
+            c.send(&v, 0, 7).map(|()| true)
+        } else {
+            std::thread::sleep(Duration::from_secs(4));
+            let mut v = vec![0u32; n];
+            c.recv(&mut v, 1, 7).map(|()| v.iter().enumerate().all(|(i, &x)| x == i as u32))
+        }
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        assert!(g.as_ref().is_ok_and(|&ok| ok), "rank {r}: {g:?}");
     }
 }

@@ -10,12 +10,15 @@ use super::inbound::{Inbound, Target};
 use super::p2p::P2pFeed;
 use super::plan::{Compiling, Plan};
 use super::task::{Span, StepBufs, StepRun};
-use super::{Bufs, Ctx, Engine};
+use super::{Bufs, Ctx, Engine, failure};
 use crate::error::{Error, Result};
 use crate::frame::OpDesc;
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Buf, Region};
 use crate::transport::{Interest, Polling};
+
+/// How often a waiting step asks whether a peer's host stopped answering.
+const LIVENESS_LOOK: Duration = Duration::from_secs(1);
 
 impl Engine {
     pub(super) fn run_program(&mut self, desc: &OpDesc, plan: &Plan, bufs: &Bufs) -> Result<()> {
@@ -81,6 +84,7 @@ impl Engine {
         // When the step last stopped moving, and how many idle passes it has polled since.
         let mut idle_since: Option<Instant> = None;
         let mut polls = 0u32;
+        let mut last_look = Instant::now();
         let polling = self.links.polling();
         loop {
             let mut progress = false;
@@ -165,6 +169,13 @@ impl Engine {
             // A peer that ended is not fatal yet: what it sent before may be all this step
             // needs. Reading past its last byte, or writing to it, fails at once.
             self.links.wait(&want, token, nap).map_err(|e| Error::io(format!("{}: waiting", run.op()), e))?;
+            // A host that stopped answering while this rank holds bytes for it.
+            if last_look.elapsed() >= LIVENESS_LOOK {
+                last_look = Instant::now();
+                if let Some((peer, e)) = self.links.unanswered() {
+                    return Err(failure::lost(run.op(), peer, e));
+                }
+            }
         }
     }
 

@@ -126,6 +126,14 @@ pub(crate) trait Link: Send {
     /// written) and closes this side, waiting at most `patience` for room to say it.
     fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration);
 
+    /// An error if the peer's host stopped answering while this side holds bytes for it:
+    /// nothing acknowledged for longer than the link's liveness (`XCCL_LINK_TIMEOUT`), with
+    /// data in flight or held back. A peer that is alive but not reading still acknowledges
+    /// the kernel's window probes. Socket links only.
+    fn unanswered(&self) -> Option<io::Error> {
+        None
+    }
+
     /// The most payload bytes one LL message may carry on this link (0: it has no LL
     /// channel, as sockets have not).
     fn ll_max(&self) -> usize {
@@ -339,6 +347,15 @@ impl Links {
                 self.gone[peer] = Some(how);
             }
         }
+    }
+
+    /// The first peer whose host stopped answering while this rank holds bytes for it (see
+    /// [`Link::unanswered`]).
+    pub fn unanswered(&self) -> Option<(usize, io::Error)> {
+        self.links
+            .iter()
+            .enumerate()
+            .find_map(|(p, l)| l.as_ref().and_then(|l| l.unanswered()).map(|e| (p, e)))
     }
 
     /// The first peer known to have failed (aborted or vanished), and how.

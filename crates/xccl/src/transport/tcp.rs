@@ -39,6 +39,8 @@ pub(crate) struct TcpLink {
     staged: usize,
     comm: u64,
     max_frame: usize,
+    /// How long the peer's host may leave this side's bytes unacknowledged.
+    liveness: Duration,
 }
 
 fn would_block(e: Errno) -> bool {
@@ -104,10 +106,13 @@ impl Source {
 impl TcpLink {
     /// Wraps a connected, authenticated socket of communicator `comm`; frames carry at most
     /// `max_frame` payload bytes. A peer that stops answering (its host gone, the link cut)
-    /// is reported lost after about `liveness`, whether data is in flight (the kernel's
-    /// `TCP_USER_TIMEOUT`) or the link is idle (keep-alive probes every quarter of it). A peer
-    /// that is alive but stalled (stopped, overloaded) still answers them: the operation's
-    /// own `XCCL_TIMEOUT` catches that.
+    /// is reported lost after about `liveness`: when the link is idle, by keep-alive probes
+    /// every quarter of it; when this side holds bytes for the peer, by [`Link::unanswered`],
+    /// which the executor asks while it waits. Not by the kernel's `TCP_USER_TIMEOUT`: since
+    /// Linux 5.11 that also ends a connection whose peer keeps its window closed, alive but
+    /// busy elsewhere, which a rank that runs ahead of a slower one must survive. A peer
+    /// that is alive but stalled (stopped, overloaded) still answers the kernel: the
+    /// operation's own `XCCL_TIMEOUT` catches that.
     pub fn new(sock: TcpStream, comm: u64, max_frame: usize, liveness: Duration) -> io::Result<TcpLink> {
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
@@ -116,9 +121,8 @@ impl TcpLink {
         sockopt::set_tcp_keepidle(&sock, quarter)?;
         sockopt::set_tcp_keepintvl(&sock, quarter)?;
         sockopt::set_tcp_keepcnt(&sock, 3)?;
-        sockopt::set_tcp_user_timeout(&sock, u32::try_from(liveness.as_millis()).unwrap_or(u32::MAX))?;
         let src = Source { sock, leftover: Vec::new(), leftover_at: 0, eof: false };
-        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm, max_frame })
+        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm, max_frame, liveness })
     }
 
     /// Walks the frames left in the stream: the last one says how the peer ended.
@@ -177,7 +181,49 @@ impl TcpLink {
     }
 }
 
+/// What the kernel knows of the peer's answers: packets sent and not acknowledged, window
+/// probes not answered, and the time since the peer last acknowledged anything; `None` if
+/// the socket cannot tell.
+fn answers(sock: &TcpStream) -> Option<(u32, u8, Duration)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain integers, for which all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is the socket `sock` owns, open during the call; `info` is
+    // writable for `len` bytes, and the kernel writes at most `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then(|| {
+        (info.tcpi_unacked, info.tcpi_probes, Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
+    })
+}
+
 impl Link for TcpLink {
+    fn unanswered(&self) -> Option<io::Error> {
+        // Data in flight that is not acknowledged, or a closed window whose probes are not
+        // answered. A peer that is alive acknowledges both (probes come further apart as
+        // they back off, so the time alone would not tell).
+        let (unacked, probes, silence) = answers(&self.src.sock)?;
+        ((unacked > 0 || probes > 0) && silence > self.liveness).then(|| {
+            let what = if unacked > 0 {
+                format!("{unacked} packets to it unacknowledged")
+            } else {
+                format!("{probes} window probes unanswered")
+            };
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what}, nothing heard from its host for {:.1} s", silence.as_secs_f64()),
+            )
+        })
+    }
+
     fn write(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
         let mut control = rustix::net::SendAncillaryBuffer::default();
         match rustix::net::sendmsg(
