@@ -129,6 +129,9 @@ pub(crate) fn find_silent(board: &dyn Board, me: usize, waits_for: &[usize], pat
             let waiting = reached.keys().copied().filter(|&r| r != me).collect();
             return Verdict::Cycle { waiting };
         }
+        // A board that took this rank's post and then fails went away (rank 0 serving it
+        // ended, having found the answer first): what was read so far is the answer.
+        let mut gone = false;
         for r in pending {
             match board.peek(r, left()) {
                 Ok(Some(peers)) => {
@@ -138,10 +141,13 @@ pub(crate) fn find_silent(board: &dyn Board, me: usize, waits_for: &[usize], pat
                     reached.insert(r, Some(peers));
                 }
                 Ok(None) => {}
-                Err(why) => return unreachable(why),
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
             }
         }
-        if Instant::now() >= deadline {
+        if gone || Instant::now() >= deadline {
             let silent: Vec<usize> = reached.iter().filter(|(_, p)| p.is_none()).map(|(&r, _)| r).collect();
             if silent.is_empty() {
                 continue;
@@ -261,6 +267,29 @@ mod tests {
         // The server itself blames nobody for its own board.
         let v = find_silent(&board, 0, &[1], PATIENCE);
         assert!(v.silent().is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn a_board_that_goes_away_after_the_post_leaves_what_was_read() {
+        // 2 posted that it waits for 3; then the board's server ends (it found 3 first).
+        #[derive(Debug)]
+        struct Closing(Scripted);
+        impl Board for Closing {
+            fn post(&self, rank: usize, peers: &[usize], t: Duration) -> Result<(), String> {
+                self.0.post(rank, peers, t)
+            }
+            fn peek(&self, rank: usize, t: Duration) -> Result<Option<Vec<usize>>, String> {
+                if rank == 3 { Err("connection closed".into()) } else { self.0.peek(rank, t) }
+            }
+            fn server(&self) -> Option<usize> {
+                Some(0)
+            }
+        }
+        let board = Closing(Scripted::new(&[(2, 0, &[3])]));
+        let start = Instant::now();
+        let v = find_silent(&board, 1, &[2], Duration::from_secs(5));
+        assert_eq!(v, Verdict::Silent { silent: vec![3], waiting: vec![2] });
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 
     #[test]
