@@ -190,7 +190,6 @@ struct OpRun {
     end: f64,
     /// A forwarding send whose flow ended before its source: ends one segment after it.
     held: Option<f64>,
-    msg: usize,
 }
 
 struct Msg {
@@ -210,6 +209,10 @@ struct Msg {
     flow: Option<usize>,
     /// The receiving operation, once matched.
     recv_op: Option<u32>,
+    /// A probe for its first segment is pending.
+    probing: bool,
+    /// Its receive has it all.
+    received: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -294,8 +297,11 @@ struct Sim<'a> {
     /// were scheduled earlier): lock-step schedules have many.
     due: VecDeque<Ev>,
     fluid: Fluid,
-    /// Flow id's message.
+    /// Messages in flight or not yet received (slots are reused), and the free slots.
     msgs: Vec<Msg>,
+    free: Vec<usize>,
+    /// Messages sent so far.
+    sent_count: u64,
     /// Per rank: current step, operations left in it, processor free from, the step's ops.
     step: Vec<usize>,
     left: Vec<u32>,
@@ -335,6 +341,8 @@ impl<'a> Sim<'a> {
             due: VecDeque::new(),
             fluid: Fluid::new(caps),
             msgs: Vec::new(),
+            free: Vec::new(),
+            sent_count: 0,
             step: vec![0; n],
             left: vec![0; n],
             cpu: vec![0.0; n],
@@ -399,7 +407,7 @@ impl<'a> Sim<'a> {
         }
         let mut carried = self.fluid.carried.clone();
         carried.truncate(self.topo.links.len());
-        Ok(Outcome { time: self.now, messages: self.msgs.len() as u64, carried })
+        Ok(Outcome { time: self.now, messages: self.sent_count, carried })
     }
 
     /// Rank `r` enters its current step (or finishes).
@@ -427,7 +435,6 @@ impl<'a> Sim<'a> {
                     seg_ready: None,
                     end: 0.0,
                     held: None,
-                    msg: usize::MAX,
                 });
                 if d1 == d0 {
                     self.ready.push((r, (j - a) as u32));
@@ -484,9 +491,10 @@ impl<'a> Sim<'a> {
                 let (hs, hd) = (self.placement[ri], self.placement[op.peer as usize]);
                 let alpha = if hs == hd { self.model.shm_alpha } else { self.model.alpha };
                 let (route, lat, bottleneck) = self.route(hs, hd);
-                let m = self.msgs.len();
+                let m = self.free.pop().unwrap_or(self.msgs.len());
+                self.sent_count += 1;
                 let send_op = j;
-                self.msgs.push(Msg {
+                let msg = Msg {
                     src: r,
                     dst: op.peer,
                     bytes: op.bytes,
@@ -498,12 +506,17 @@ impl<'a> Sim<'a> {
                     first_segment: None,
                     flow: None,
                     recv_op: None,
-                });
-                self.runs[ri][j as usize].msg = m;
+                    probing: false,
+                    received: false,
+                };
+                if m == self.msgs.len() {
+                    self.msgs.push(msg);
+                } else {
+                    self.msgs[m] = msg;
+                }
                 let key = (r, op.peer);
                 if let Some(recv) = self.waiting.get_mut(&key).and_then(VecDeque::pop_front) {
                     self.msgs[m].recv_op = Some(recv);
-                    self.runs[op.peer as usize][recv as usize].msg = m;
                 } else {
                     self.unclaimed.entry(key).or_default().push_back(m);
                 }
@@ -516,8 +529,7 @@ impl<'a> Sim<'a> {
                 match self.unclaimed.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(m) => {
                         self.msgs[m].recv_op = Some(j);
-                        self.runs[ri][j as usize].msg = m;
-                        if let Some(t) = self.msgs[m].first_segment {
+                                if let Some(t) = self.msgs[m].first_segment {
                             self.at(t.max(self.now), Ev::Segment { rank: r, op: j });
                         }
                         if self.msgs[m].arrived.is_some() {
@@ -544,6 +556,7 @@ impl<'a> Sim<'a> {
                     let id = self.fluid.start(self.now, route, bytes, msg as u64);
                     self.msgs[msg].flow = Some(id);
                     if bytes > self.model.segment {
+                        self.msgs[msg].probing = true;
                         self.at(self.now + early, Ev::Probe { msg });
                     }
                 }
@@ -555,7 +568,10 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Probe { msg } => {
-                let Some(flow) = self.msgs[msg].flow else { return };
+                let Some(flow) = self.msgs[msg].flow else {
+                    self.probe_done(msg);
+                    return;
+                };
                 let m = &self.msgs[msg];
                 let delivered = m.bytes - self.fluid.remaining(self.now, flow);
                 let missing = self.model.segment - delivered;
@@ -571,6 +587,7 @@ impl<'a> Sim<'a> {
                     let dst = self.msgs[msg].dst;
                     self.at(t, Ev::Segment { rank: dst, op: j });
                 }
+                self.probe_done(msg);
             }
             Ev::Segment { rank, op } => {
                 let run = &mut self.runs[rank as usize][op as usize];
@@ -623,6 +640,20 @@ impl<'a> Sim<'a> {
         };
         let t = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + combine;
         self.at(t, Ev::End { rank: r, op: j });
+        // Sent, arrived and received: its slot is free unless a probe is pending.
+        self.msgs[m].received = true;
+        if !self.msgs[m].probing {
+            self.free.push(m);
+        }
+    }
+
+    /// Message `m`'s probe for its first segment is over: its slot is free if the message
+    /// was received meanwhile.
+    fn probe_done(&mut self, m: usize) {
+        self.msgs[m].probing = false;
+        if self.msgs[m].received {
+            self.free.push(m);
+        }
     }
 
     fn end(&mut self, r: u32, j: u32) {
