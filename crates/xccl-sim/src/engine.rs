@@ -15,8 +15,7 @@
 //!   no earlier than one segment's time after the receive ends. This is the pipeline's
 //!   closed form without simulating each segment.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
@@ -27,6 +26,7 @@ use xccl::schedule::order::{Follow, StepOrder};
 use xccl::schedule::{Op, Program};
 
 use crate::network::Fluid;
+use crate::queue::Queue;
 use crate::topology::Topology;
 
 /// The constants of the ranks (the network's are in its links).
@@ -229,25 +229,6 @@ enum Ev {
     End { rank: u32, op: u32 },
 }
 
-struct Timed(f64, u64, Ev);
-
-impl PartialEq for Timed {
-    fn eq(&self, o: &Self) -> bool {
-        self.0 == o.0 && self.1 == o.1
-    }
-}
-impl Eq for Timed {}
-impl PartialOrd for Timed {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Timed {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
-    }
-}
-
 /// One collective call: what every rank runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
@@ -291,8 +272,7 @@ struct Sim<'a> {
     /// Per rank, its steps (indices in `table`).
     progs: Vec<Vec<u32>>,
     now: f64,
-    seq: u64,
-    heap: BinaryHeap<Timed>,
+    queue: Queue<Ev>,
     /// Events due now, in the order they were scheduled (after those of the heap, which
     /// were scheduled earlier): lock-step schedules have many.
     due: VecDeque<Ev>,
@@ -305,6 +285,8 @@ struct Sim<'a> {
     /// Per rank: current step, operations left in it, processor free from, the step's ops.
     step: Vec<usize>,
     left: Vec<u32>,
+    /// Per rank, its current step's index in the table and its first operation there.
+    cur: Vec<(u32, u32)>,
     cpu: Vec<f64>,
     runs: Vec<Vec<OpRun>>,
     /// Per (src, dst): messages sent and not yet matched; receives started and not matched.
@@ -336,8 +318,7 @@ impl<'a> Sim<'a> {
             table,
             progs,
             now: 0.0,
-            seq: 0,
-            heap: BinaryHeap::new(),
+            queue: Queue::new(),
             due: VecDeque::new(),
             fluid: Fluid::new(caps),
             msgs: Vec::new(),
@@ -345,6 +326,7 @@ impl<'a> Sim<'a> {
             sent_count: 0,
             step: vec![0; n],
             left: vec![0; n],
+            cur: vec![(0, 0); n],
             cpu: vec![0.0; n],
             runs: vec![Vec::new(); n],
             unclaimed: FxHashMap::default(),
@@ -360,8 +342,7 @@ impl<'a> Sim<'a> {
             self.due.push_back(ev);
             return;
         }
-        self.seq += 1;
-        self.heap.push(Timed(t, self.seq, ev));
+        self.queue.push(t, ev);
     }
 
     fn run(mut self) -> Result<Outcome, String> {
@@ -370,19 +351,21 @@ impl<'a> Sim<'a> {
         }
         self.drain_ready();
         loop {
-            let next_ev = if self.due.is_empty() { self.heap.peek().map(|t| t.0) } else { Some(self.now) };
+            let next_ev = if self.due.is_empty() { self.queue.next_time() } else { Some(self.now) };
             let next_flow = self.fluid.next_end(self.now);
             match (next_ev, next_flow) {
                 (None, None) => break,
                 (Some(te), tf) if tf.is_none_or(|tf| te <= tf) => {
                     self.now = self.now.max(te);
-                    loop {
-                        let ev = if self.heap.peek().is_some_and(|t| t.0 <= self.now) {
-                            self.heap.pop().map(|t| t.2)
-                        } else {
-                            self.due.pop_front()
-                        };
-                        let Some(ev) = ev else { break };
+                    // Events scheduled earlier for up to now, then those scheduled now.
+                    while self.queue.next_time().is_some_and(|t| t <= self.now) {
+                        let Some(bucket) = self.queue.pop_bucket() else { break };
+                        for &ev in &bucket {
+                            self.handle(ev);
+                        }
+                        self.queue.recycle(bucket);
+                    }
+                    while let Some(ev) = self.due.pop_front() {
                         self.handle(ev);
                     }
                 }
@@ -420,6 +403,7 @@ impl<'a> Sim<'a> {
                 return;
             };
             let (a, b, _) = self.table.step(id);
+            self.cur[ri] = (id, a as u32);
             if a == b {
                 self.step[ri] += 1;
                 continue;
@@ -470,12 +454,12 @@ impl<'a> Sim<'a> {
 
     /// Rank `r`'s current step (in the table).
     fn cur(&self, r: u32) -> u32 {
-        self.progs[r as usize][self.step[r as usize]]
+        self.cur[r as usize].0
     }
 
     /// Operation `j` of rank `r`'s current step.
     fn op(&self, r: u32, j: u32) -> COp {
-        self.table.ops[self.table.step(self.cur(r)).0 + j as usize]
+        self.table.ops[self.cur[r as usize].1 as usize + j as usize]
     }
 
     fn start(&mut self, r: u32, j: u32) {
