@@ -126,7 +126,13 @@ impl Table {
                     Op::Recv { peer, dst, with } => (Kind::Recv { reduce: with.is_some() }, peer, dst.len),
                     Op::Copy { dst, .. } => (Kind::Copy, 0, dst.len),
                 };
-                self.ops.push(COp { kind, peer: peer as u32, bytes: (len * esize) as f64, deps, rev: (0, 0) });
+                self.ops.push(COp {
+                    kind,
+                    peer: peer as u32,
+                    bytes: (len * esize) as f64,
+                    deps,
+                    rev: (0, 0),
+                });
             }
             for (j, r) in rev.iter().enumerate() {
                 let start = (self.deps.len() - dep0) as u32;
@@ -513,7 +519,7 @@ impl<'a> Sim<'a> {
                 match self.unclaimed.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(m) => {
                         self.msgs[m].recv_op = Some(j);
-                                if let Some(t) = self.msgs[m].first_segment {
+                        if let Some(t) = self.msgs[m].first_segment {
                             self.at(t.max(self.now), Ev::Segment { rank: r, op: j });
                         }
                         if self.msgs[m].arrived.is_some() {
