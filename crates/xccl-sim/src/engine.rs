@@ -15,8 +15,8 @@
 //!   no earlier than one segment's time after the receive ends. This is the pipeline's
 //!   closed form without simulating each segment.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
@@ -26,6 +26,7 @@ use xccl::schedule::order::{Follow, StepOrder};
 use xccl::schedule::{Op, Program};
 
 use crate::network::Fluid;
+use crate::queue::Queue;
 use crate::topology::Topology;
 
 /// The constants of the ranks (the network's are in its links).
@@ -56,48 +57,125 @@ pub struct Outcome {
     pub carried: Vec<f64>,
 }
 
-/// Operations of one rank, compactly (the programs of thousands of ranks must fit).
-struct Prog {
-    /// Index of each step's first operation, and the end.
-    steps: Vec<u32>,
+/// The distinct steps of all ranks, compactly (the programs of thousands of ranks must fit):
+/// a step is stored once however many ranks run it (ring-like schedules repeat a handful of
+/// step shapes), and each rank keeps only the index of each of its steps.
+#[derive(Default)]
+struct Table {
+    /// Per distinct step, the index of its first operation and of its first `(op, how)`
+    /// pair; one more at the end.
+    steps: Vec<(u32, u32)>,
     ops: Vec<COp>,
-    /// `(op, how)` pairs, per operation a range.
+    /// `(op, how)` pairs: per operation the earlier ones it follows (its `deps` range), and
+    /// the later ones that follow it (its `rev` range), indices within the step.
     deps: Vec<(u32, Follow)>,
+    /// Step indices by a hash of their content.
+    index: FxHashMap<u64, Vec<u32>>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Send,
     Recv { reduce: bool },
     Copy,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 struct COp {
     kind: Kind,
     peer: u32,
     bytes: f64,
     deps: (u32, u32),
+    rev: (u32, u32),
 }
 
-fn compact(p: &Program, esize: usize) -> Result<Prog, String> {
-    let mut out = Prog { steps: vec![0], ops: Vec::new(), deps: Vec::new() };
-    for step in &p.steps {
-        let order = StepOrder::of(step, false)?;
-        for (j, op) in step.ops.iter().enumerate() {
-            let start = out.deps.len() as u32;
-            out.deps.extend(order.follows(j).iter().map(|&(i, how)| (i as u32, how)));
-            let deps = (start, out.deps.len() as u32);
-            let (kind, peer, len) = match *op {
-                Op::Send { peer, src } => (Kind::Send, peer, src.len),
-                Op::Recv { peer, dst, with } => (Kind::Recv { reduce: with.is_some() }, peer, dst.len),
-                Op::Copy { dst, .. } => (Kind::Copy, 0, dst.len),
-            };
-            out.ops.push(COp { kind, peer: peer as u32, bytes: (len * esize) as f64, deps });
-        }
-        out.steps.push(out.ops.len() as u32);
+impl Table {
+    fn new() -> Table {
+        Table { steps: vec![(0, 0)], ..Table::default() }
     }
-    Ok(out)
+
+    /// The operations of step `s`, and where its `(op, how)` pairs begin.
+    fn step(&self, s: u32) -> (usize, usize, usize) {
+        let ((a, d), (b, _)) = (self.steps[s as usize], self.steps[s as usize + 1]);
+        (a as usize, b as usize, d as usize)
+    }
+
+    /// The `(op, how)` pairs of step `s` in range `r` (an operation's `deps` or `rev`).
+    fn pairs(&self, s: u32, r: (u32, u32)) -> &[(u32, Follow)] {
+        let d = self.steps[s as usize].1 as usize;
+        &self.deps[d + r.0 as usize..d + r.1 as usize]
+    }
+
+    /// Adds `p`'s steps (those not stored yet) and returns their indices.
+    fn add(&mut self, p: &Program, esize: usize) -> Result<Vec<u32>, String> {
+        let mut ids = Vec::with_capacity(p.steps.len());
+        for step in &p.steps {
+            let order = StepOrder::of(step, false)?;
+            let (op0, dep0) = (self.ops.len(), self.deps.len());
+            // Appended tentatively; dropped again when an equal step is stored.
+            let mut rev: Vec<Vec<(u32, Follow)>> = vec![Vec::new(); step.ops.len()];
+            for (j, op) in step.ops.iter().enumerate() {
+                let start = (self.deps.len() - dep0) as u32;
+                for &(i, how) in order.follows(j) {
+                    self.deps.push((i as u32, how));
+                    rev[i].push((j as u32, how));
+                }
+                let deps = (start, (self.deps.len() - dep0) as u32);
+                let (kind, peer, len) = match *op {
+                    Op::Send { peer, src } => (Kind::Send, peer, src.len),
+                    Op::Recv { peer, dst, with } => (Kind::Recv { reduce: with.is_some() }, peer, dst.len),
+                    Op::Copy { dst, .. } => (Kind::Copy, 0, dst.len),
+                };
+                self.ops.push(COp {
+                    kind,
+                    peer: peer as u32,
+                    bytes: (len * esize) as f64,
+                    deps,
+                    rev: (0, 0),
+                });
+            }
+            for (j, r) in rev.iter().enumerate() {
+                let start = (self.deps.len() - dep0) as u32;
+                self.deps.extend_from_slice(r);
+                self.ops[op0 + j].rev = (start, (self.deps.len() - dep0) as u32);
+            }
+            let mut h = rustc_hash::FxHasher::default();
+            for op in &self.ops[op0..] {
+                let k = match op.kind {
+                    Kind::Send => 0u8,
+                    Kind::Recv { reduce } => 1 + u8::from(reduce),
+                    Kind::Copy => 3,
+                };
+                (k, op.peer, op.bytes.to_bits(), op.deps, op.rev).hash(&mut h);
+            }
+            for &(i, how) in &self.deps[dep0..] {
+                (i, how as u8).hash(&mut h);
+            }
+            let key = h.finish();
+            let (new_ops, new_deps) = (&self.ops[op0..], &self.deps[dep0..]);
+            let found = self.index.get(&key).and_then(|c| {
+                c.iter().copied().find(|&s| {
+                    let (a, b, d) = self.step(s);
+                    let e = self.steps[s as usize + 1].1 as usize;
+                    self.ops[a..b] == *new_ops && self.deps[d..e] == *new_deps
+                })
+            });
+            match found {
+                Some(s) => {
+                    self.ops.truncate(op0);
+                    self.deps.truncate(dep0);
+                    ids.push(s);
+                }
+                None => {
+                    let s = (self.steps.len() - 1) as u32;
+                    self.steps.push((self.ops.len() as u32, self.deps.len() as u32));
+                    self.index.entry(key).or_default().push(s);
+                    ids.push(s);
+                }
+            }
+        }
+        Ok(ids)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -118,14 +196,13 @@ struct OpRun {
     end: f64,
     /// A forwarding send whose flow ended before its source: ends one segment after it.
     held: Option<f64>,
-    msg: usize,
 }
 
 struct Msg {
     src: u32,
     dst: u32,
     bytes: f64,
-    /// The sending operation (index in the sender's program).
+    /// The sending operation (index in the sender's step, which lasts until it ends).
     send_op: u32,
     route: Rc<[u32]>,
     lat: f64,
@@ -138,6 +215,10 @@ struct Msg {
     flow: Option<usize>,
     /// The receiving operation, once matched.
     recv_op: Option<u32>,
+    /// A probe for its first segment is pending.
+    probing: bool,
+    /// Its receive has it all.
+    received: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -152,25 +233,6 @@ enum Ev {
     Segment { rank: u32, op: u32 },
     /// An operation ends.
     End { rank: u32, op: u32 },
-}
-
-struct Timed(f64, u64, Ev);
-
-impl PartialEq for Timed {
-    fn eq(&self, o: &Self) -> bool {
-        self.0 == o.0 && self.1 == o.1
-    }
-}
-impl Eq for Timed {}
-impl PartialOrd for Timed {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Timed {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
-    }
 }
 
 /// One collective call: what every rank runs.
@@ -194,14 +256,15 @@ pub fn simulate(topo: &Topology, model: &Model, placement: &[usize], call: &Call
     if let Some(&h) = placement.iter().find(|&&h| h >= topo.hosts) {
         return Err(format!("rank placed on host {h} of a topology of {} hosts", topo.hosts));
     }
+    let mut table = Table::new();
     let progs = (0..placement.len())
         .map(|r| {
             let p = algo::build(call.kind, call.algo, r, placement, call.root, &call.shape)
                 .map_err(|e| e.to_string())?;
-            compact(&p, call.esize)
+            table.add(&p, call.esize)
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Sim::new(topo, model, placement, progs).run()
+    Sim::new(topo, model, placement, table, progs).run()
 }
 
 /// A route between hosts: its links, latency and bottleneck rate.
@@ -211,16 +274,25 @@ struct Sim<'a> {
     topo: &'a Topology,
     model: &'a Model,
     placement: &'a [usize],
-    progs: Vec<Prog>,
+    table: Table,
+    /// Per rank, its steps (indices in `table`).
+    progs: Vec<Vec<u32>>,
     now: f64,
-    seq: u64,
-    heap: BinaryHeap<Timed>,
+    queue: Queue<Ev>,
+    /// Events due now, in the order they were scheduled (after those of the heap, which
+    /// were scheduled earlier): lock-step schedules have many.
+    due: VecDeque<Ev>,
     fluid: Fluid,
-    /// Flow id's message.
+    /// Messages in flight or not yet received (slots are reused), and the free slots.
     msgs: Vec<Msg>,
+    free: Vec<usize>,
+    /// Messages sent so far.
+    sent_count: u64,
     /// Per rank: current step, operations left in it, processor free from, the step's ops.
     step: Vec<usize>,
     left: Vec<u32>,
+    /// Per rank, its current step's index in the table and its first operation there.
+    cur: Vec<(u32, u32)>,
     cpu: Vec<f64>,
     runs: Vec<Vec<OpRun>>,
     /// Per (src, dst): messages sent and not yet matched; receives started and not matched.
@@ -234,7 +306,13 @@ struct Sim<'a> {
 }
 
 impl<'a> Sim<'a> {
-    fn new(topo: &'a Topology, model: &'a Model, placement: &'a [usize], progs: Vec<Prog>) -> Sim<'a> {
+    fn new(
+        topo: &'a Topology,
+        model: &'a Model,
+        placement: &'a [usize],
+        table: Table,
+        progs: Vec<Vec<u32>>,
+    ) -> Sim<'a> {
         let n = progs.len();
         // The topology's links, then one memory link per host.
         let mut caps: Vec<f64> = topo.links.iter().map(|l| l.bw).collect();
@@ -243,14 +321,18 @@ impl<'a> Sim<'a> {
             topo,
             model,
             placement,
+            table,
             progs,
             now: 0.0,
-            seq: 0,
-            heap: BinaryHeap::new(),
+            queue: Queue::new(),
+            due: VecDeque::new(),
             fluid: Fluid::new(caps),
             msgs: Vec::new(),
+            free: Vec::new(),
+            sent_count: 0,
             step: vec![0; n],
             left: vec![0; n],
+            cur: vec![(0, 0); n],
             cpu: vec![0.0; n],
             runs: vec![Vec::new(); n],
             unclaimed: FxHashMap::default(),
@@ -262,8 +344,11 @@ impl<'a> Sim<'a> {
     }
 
     fn at(&mut self, t: f64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Timed(t, self.seq, ev));
+        if t == self.now {
+            self.due.push_back(ev);
+            return;
+        }
+        self.queue.push(t, ev);
     }
 
     fn run(mut self) -> Result<Outcome, String> {
@@ -272,14 +357,21 @@ impl<'a> Sim<'a> {
         }
         self.drain_ready();
         loop {
-            let next_ev = self.heap.peek().map(|t| t.0);
+            let next_ev = if self.due.is_empty() { self.queue.next_time() } else { Some(self.now) };
             let next_flow = self.fluid.next_end(self.now);
             match (next_ev, next_flow) {
                 (None, None) => break,
                 (Some(te), tf) if tf.is_none_or(|tf| te <= tf) => {
                     self.now = self.now.max(te);
-                    while self.heap.peek().is_some_and(|t| t.0 <= self.now) {
-                        let Some(Timed(_, _, ev)) = self.heap.pop() else { break };
+                    // Events scheduled earlier for up to now, then those scheduled now.
+                    while self.queue.next_time().is_some_and(|t| t <= self.now) {
+                        let Some(bucket) = self.queue.pop_bucket() else { break };
+                        for &ev in &bucket {
+                            self.handle(ev);
+                        }
+                        self.queue.recycle(bucket);
+                    }
+                    while let Some(ev) = self.due.pop_front() {
                         self.handle(ev);
                     }
                 }
@@ -296,7 +388,7 @@ impl<'a> Sim<'a> {
         }
         if self.finished < self.progs.len() {
             let stuck: Vec<usize> =
-                (0..self.progs.len()).filter(|&r| self.step[r] + 1 < self.progs[r].steps.len()).collect();
+                (0..self.progs.len()).filter(|&r| self.step[r] < self.progs[r].len()).collect();
             return Err(format!(
                 "the schedule deadlocks: ranks {:?} never finish (a receive without its send?)",
                 &stuck[..stuck.len().min(8)]
@@ -304,7 +396,7 @@ impl<'a> Sim<'a> {
         }
         let mut carried = self.fluid.carried.clone();
         carried.truncate(self.topo.links.len());
-        Ok(Outcome { time: self.now, messages: self.msgs.len() as u64, carried })
+        Ok(Outcome { time: self.now, messages: self.sent_count, carried })
     }
 
     /// Rank `r` enters its current step (or finishes).
@@ -312,12 +404,12 @@ impl<'a> Sim<'a> {
         let ri = r as usize;
         loop {
             let s = self.step[ri];
-            let p = &self.progs[ri];
-            if s + 1 >= p.steps.len() {
+            let Some(&id) = self.progs[ri].get(s) else {
                 self.finished += 1;
                 return;
-            }
-            let (a, b) = (p.steps[s] as usize, p.steps[s + 1] as usize);
+            };
+            let (a, b, _) = self.table.step(id);
+            self.cur[ri] = (id, a as u32);
             if a == b {
                 self.step[ri] += 1;
                 continue;
@@ -326,14 +418,13 @@ impl<'a> Sim<'a> {
             let runs = &mut self.runs[ri];
             runs.clear();
             for j in a..b {
-                let (d0, d1) = p.ops[j].deps;
+                let (d0, d1) = self.table.ops[j].deps;
                 runs.push(OpRun {
                     state: State::Waiting,
                     blockers: d1 - d0,
                     seg_ready: None,
                     end: 0.0,
                     held: None,
-                    msg: usize::MAX,
                 });
                 if d1 == d0 {
                     self.ready.push((r, (j - a) as u32));
@@ -367,9 +458,14 @@ impl<'a> Sim<'a> {
         r
     }
 
+    /// Rank `r`'s current step (in the table).
+    fn cur(&self, r: u32) -> u32 {
+        self.cur[r as usize].0
+    }
+
+    /// Operation `j` of rank `r`'s current step.
     fn op(&self, r: u32, j: u32) -> COp {
-        let ri = r as usize;
-        self.progs[ri].ops[self.progs[ri].steps[self.step[ri]] as usize + j as usize]
+        self.table.ops[self.cur[r as usize].1 as usize + j as usize]
     }
 
     fn start(&mut self, r: u32, j: u32) {
@@ -385,9 +481,10 @@ impl<'a> Sim<'a> {
                 let (hs, hd) = (self.placement[ri], self.placement[op.peer as usize]);
                 let alpha = if hs == hd { self.model.shm_alpha } else { self.model.alpha };
                 let (route, lat, bottleneck) = self.route(hs, hd);
-                let m = self.msgs.len();
-                let send_op = self.progs[ri].steps[self.step[ri]] + j;
-                self.msgs.push(Msg {
+                let m = self.free.pop().unwrap_or(self.msgs.len());
+                self.sent_count += 1;
+                let send_op = j;
+                let msg = Msg {
                     src: r,
                     dst: op.peer,
                     bytes: op.bytes,
@@ -399,12 +496,17 @@ impl<'a> Sim<'a> {
                     first_segment: None,
                     flow: None,
                     recv_op: None,
-                });
-                self.runs[ri][j as usize].msg = m;
+                    probing: false,
+                    received: false,
+                };
+                if m == self.msgs.len() {
+                    self.msgs.push(msg);
+                } else {
+                    self.msgs[m] = msg;
+                }
                 let key = (r, op.peer);
                 if let Some(recv) = self.waiting.get_mut(&key).and_then(VecDeque::pop_front) {
                     self.msgs[m].recv_op = Some(recv);
-                    self.runs[op.peer as usize][recv as usize].msg = m;
                 } else {
                     self.unclaimed.entry(key).or_default().push_back(m);
                 }
@@ -417,7 +519,6 @@ impl<'a> Sim<'a> {
                 match self.unclaimed.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(m) => {
                         self.msgs[m].recv_op = Some(j);
-                        self.runs[ri][j as usize].msg = m;
                         if let Some(t) = self.msgs[m].first_segment {
                             self.at(t.max(self.now), Ev::Segment { rank: r, op: j });
                         }
@@ -445,6 +546,7 @@ impl<'a> Sim<'a> {
                     let id = self.fluid.start(self.now, route, bytes, msg as u64);
                     self.msgs[msg].flow = Some(id);
                     if bytes > self.model.segment {
+                        self.msgs[msg].probing = true;
                         self.at(self.now + early, Ev::Probe { msg });
                     }
                 }
@@ -456,7 +558,10 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Probe { msg } => {
-                let Some(flow) = self.msgs[msg].flow else { return };
+                let Some(flow) = self.msgs[msg].flow else {
+                    self.probe_done(msg);
+                    return;
+                };
                 let m = &self.msgs[msg];
                 let delivered = m.bytes - self.fluid.remaining(self.now, flow);
                 let missing = self.model.segment - delivered;
@@ -472,6 +577,7 @@ impl<'a> Sim<'a> {
                     let dst = self.msgs[msg].dst;
                     self.at(t, Ev::Segment { rank: dst, op: j });
                 }
+                self.probe_done(msg);
             }
             Ev::Segment { rank, op } => {
                 let run = &mut self.runs[rank as usize][op as usize];
@@ -495,16 +601,13 @@ impl<'a> Sim<'a> {
     /// The send of message `m` has put its last byte out at `t`: it ends, unless it
     /// forwards what is still arriving.
     fn sent(&mut self, m: usize, t: f64) {
-        let (r, send_op) = (self.msgs[m].src, self.msgs[m].send_op);
+        let (r, j) = (self.msgs[m].src, self.msgs[m].send_op);
         let ri = r as usize;
-        let base = self.progs[ri].steps[self.step[ri]];
-        let j = send_op - base;
         let op = self.op(r, j);
         let last = op.bytes.min(self.model.segment) / self.msgs[m].bottleneck.max(1e-30);
         // Forwarding: no earlier than one segment after what it forwards.
         let mut end = t;
-        for k in op.deps.0..op.deps.1 {
-            let (i, how) = self.progs[ri].deps[k as usize];
+        for &(i, how) in self.table.pairs(self.cur(r), op.deps) {
             if how == Follow::Segments {
                 let src = self.runs[ri][i as usize];
                 if src.state != State::Done {
@@ -527,6 +630,20 @@ impl<'a> Sim<'a> {
         };
         let t = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + combine;
         self.at(t, Ev::End { rank: r, op: j });
+        // Sent, arrived and received: its slot is free unless a probe is pending.
+        self.msgs[m].received = true;
+        if !self.msgs[m].probing {
+            self.free.push(m);
+        }
+    }
+
+    /// Message `m`'s probe for its first segment is over: its slot is free if the message
+    /// was received meanwhile.
+    fn probe_done(&mut self, m: usize) {
+        self.msgs[m].probing = false;
+        if self.msgs[m].received {
+            self.free.push(m);
+        }
     }
 
     fn end(&mut self, r: u32, j: u32) {
@@ -539,16 +656,13 @@ impl<'a> Sim<'a> {
         run.end = self.now;
         self.release(r, j, false);
         // Forwarding sends held for this operation end one segment later.
-        let base = self.progs[ri].steps[self.step[ri]] as usize;
-        let count = self.runs[ri].len();
-        for k in j as usize + 1..count {
+        let id = self.cur(r);
+        let rev = self.op(r, j).rev;
+        for idx in rev.0..rev.1 {
+            let k = self.table.pairs(id, (idx, idx + 1))[0].0 as usize;
             if let Some(last) = self.runs[ri][k].held {
-                let op = self.progs[ri].ops[base + k];
-                let waits_on_me = (op.deps.0..op.deps.1).any(|d| self.progs[ri].deps[d as usize].0 == j);
-                if waits_on_me {
-                    self.runs[ri][k].held = None;
-                    self.at(self.now + last, Ev::End { rank: r, op: k as u32 });
-                }
+                self.runs[ri][k].held = None;
+                self.at(self.now + last, Ev::End { rank: r, op: k as u32 });
             }
         }
         self.left[ri] -= 1;
@@ -562,29 +676,26 @@ impl<'a> Sim<'a> {
     /// operations after it that it blocks may be able to start.
     fn release(&mut self, r: u32, j: u32, segment: bool) {
         let ri = r as usize;
-        let base = self.progs[ri].steps[self.step[ri]] as usize;
-        for k in j as usize + 1..self.runs[ri].len() {
-            let op = self.progs[ri].ops[base + k];
-            for d in op.deps.0..op.deps.1 {
-                let (i, how) = self.progs[ri].deps[d as usize];
-                if i != j {
+        let id = self.cur(r);
+        let rev = self.op(r, j).rev;
+        for idx in rev.0..rev.1 {
+            let (k, how) = self.table.pairs(id, (idx, idx + 1))[0];
+            let k = k as usize;
+            let op = self.op(r, k as u32);
+            // A send forwarding what arrives is released by the first segment; anything
+            // else waits for the end (and must not be released twice).
+            let forwards = how == Follow::Segments && matches!(op.kind, Kind::Send);
+            if segment != forwards {
+                if !segment && forwards && self.runs[ri][j as usize].seg_ready.is_none() {
+                    // Ended before a first segment was seen (a short message): release now.
+                } else {
                     continue;
                 }
-                // A send forwarding what arrives is released by the first segment; anything
-                // else waits for the end (and must not be released twice).
-                let forwards = how == Follow::Segments && matches!(op.kind, Kind::Send);
-                if segment != forwards {
-                    if !segment && forwards && self.runs[ri][j as usize].seg_ready.is_none() {
-                        // Ended before a first segment was seen (a short message): release now.
-                    } else {
-                        continue;
-                    }
-                }
-                let run = &mut self.runs[ri][k];
-                run.blockers -= 1;
-                if run.blockers == 0 && run.state == State::Waiting {
-                    self.ready.push((r, k as u32));
-                }
+            }
+            let run = &mut self.runs[ri][k];
+            run.blockers -= 1;
+            if run.blockers == 0 && run.state == State::Waiting {
+                self.ready.push((r, k as u32));
             }
         }
     }

@@ -27,6 +27,7 @@
 
 pub mod engine;
 pub mod network;
+mod queue;
 pub mod report;
 pub mod spec;
 pub mod sweep;

@@ -24,12 +24,9 @@ pub fn all_reduce(rank: usize, hosts: &[usize], count: usize) -> Program {
     let n = hosts.len();
     let all = |buf| Region::new(buf, 0, count);
     let local: Vec<usize> = (0..n).filter(|&q| hosts[q] == hosts[rank]).collect();
-    let mut leaders: Vec<usize> = Vec::new();
-    for q in 0..n {
-        if !leaders.iter().any(|&l| hosts[l] == hosts[q]) {
-            leaders.push(q);
-        }
-    }
+    // The lowest rank of each host, in rank order (linear: thousands of hosts).
+    let mut seen = std::collections::HashSet::new();
+    let leaders: Vec<usize> = (0..n).filter(|&q| seen.insert(hosts[q])).collect();
     let leader = local[0];
     // Phase 1: binomial reduce to the leader, accumulating in the output (which the final
     // broadcast overwrites anyway).
