@@ -30,6 +30,7 @@ pub mod network;
 pub mod report;
 pub mod spec;
 pub mod sweep;
+pub mod timeline;
 pub mod topology;
 
 pub use engine::{Call, Model, Outcome, simulate};
