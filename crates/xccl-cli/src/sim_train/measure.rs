@@ -159,6 +159,8 @@ fn measure_rank(
             tp_bwd: Vec::new(),
         });
     }
+    // Gradients accumulate into flat chunks inside each block's backward span, as in train.
+    let mut grads = Chunks::new(&[set.len()]);
     let mut runs = Vec::new();
     for i in 0..=iters {
         if let Some(c) = &comm {
@@ -169,7 +171,7 @@ fn measure_rank(
         let loss = trace
             .span(|| "loss".into(), || model.loss(fwd.logits(), &targets, &mask, n as f64))
             .map_err(err)?;
-        model.backward(fwd, &loss, &mut trace, |_, _| Ok(())).map_err(err)?;
+        model.backward(fwd, &loss, &mut trace, |_, g| grads.add_grads(set, &g)).map_err(err)?;
         if let Some(c) = &comm {
             trace.add_ops("comm tp", c.take_timeline());
         }

@@ -138,6 +138,8 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         // communicator), so nothing reads the environment while it changes.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
     }
+    // Freed memory kept for the next allocations, as in train's ranks.
+    crate::train::keep_freed_memory();
     let costs = match &args.tune_file {
         Some(f) => {
             let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
@@ -195,6 +197,19 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);
     }
     println!("# compute: {}; x{slowdown:.2} for ranks sharing a host's cores", profile.source);
+    println!("# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd)", "block", "fwd(us)", "bwd(us)", "params", "out elems");
+    for b in &profile.blocks {
+        println!(
+            "  {:<8} {:>10.1} {:>10.1} {:>10} {:>12}  {} / {}",
+            b.name,
+            b.fwd * 1e6,
+            b.bwd * 1e6,
+            b.params,
+            b.out_elems,
+            b.tp_fwd.len(),
+            b.tp_bwd.len()
+        );
+    }
     print!("{}", p.render());
     Ok(())
 }

@@ -127,7 +127,7 @@ impl Sim<'_> {
                 v
             }
         };
-        let name = if group == "pp" { "send/recv".to_string() } else { kind.to_string() };
+        let name = if kind == CollKind::Broadcast && group == "pp" { "send/recv".to_string() } else { kind.to_string() };
         let e = self.tally.entry((group, name, bytes)).or_insert((0, t, algo));
         e.0 += count;
         Ok(t)
