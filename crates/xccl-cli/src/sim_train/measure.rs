@@ -61,7 +61,9 @@ pub struct Micro {
 
 /// Measures `config`'s blocks on micro-batches of `micro`, over `tp` local ranks (threads,
 /// sequence-parallel if `sp`), `iters` timed iterations after one warm-up: the median
-/// compute of each block on rank 0.
+/// compute of each block on the groups' first ranks. `replicas` groups run at once, as the
+/// ranks of one host share its cores and memory while `xccl train` runs.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     config: &ModelConfig,
     seed: u64,
@@ -70,27 +72,37 @@ pub fn measure(
     micro: Micro,
     optim: OptimConfig,
     iters: usize,
+    replicas: usize,
 ) -> Result<Profile, String> {
-    let comms: Vec<Option<Communicator>> = if tp > 1 {
-        Communicator::local(tp).map_err(|e| e.to_string())?.into_iter().map(Some).collect()
-    } else {
-        vec![None]
-    };
+    let mut comms: Vec<(bool, Option<Communicator>)> = Vec::new();
+    for _ in 0..replicas.max(1) {
+        if tp > 1 {
+            let group = Communicator::local(tp).map_err(|e| e.to_string())?;
+            comms.extend(group.into_iter().enumerate().map(|(i, c)| (i == 0, Some(c))));
+        } else {
+            comms.push((true, None));
+        }
+    }
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|c| s.spawn(move || measure_rank(config, seed, c, sp, micro, iters)))
+            .map(|(first, c)| s.spawn(move || (first, measure_rank(config, seed, c, sp, micro, iters))))
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a measuring thread panicked".into())))
+            .map(|h| h.join().unwrap_or_else(|_| (false, Err("a measuring thread panicked".into()))))
             .collect::<Vec<_>>()
     });
-    let mut results = results.into_iter();
-    let (mut blocks, slots, runs) = results.next().ok_or("no measurement")??;
-    for r in results {
-        r?;
+    let mut structure = None;
+    let mut runs = Vec::new();
+    for (first, r) in results {
+        let (blocks, slots, mine) = r?;
+        if first {
+            runs.extend(mine);
+            structure.get_or_insert((blocks, slots));
+        }
     }
+    let (mut blocks, slots) = structure.ok_or("no measurement")?;
     apply_spans(&mut blocks, &runs)?;
     let optim_per_elem = optimizer_rate(optim, slots.iter().map(|s| s.1).sum())?;
     Ok(Profile {
@@ -98,9 +110,10 @@ pub fn measure(
         slots,
         optim_per_elem,
         source: format!(
-            "measured here: {} rows x {} tokens per micro-batch, median of {iters} iteration(s), {} thread(s)",
+            "measured here: {} rows x {} tokens per micro-batch, median of {iters} iteration(s) x {} group(s) of {tp} rank(s) at once, {} thread(s) each",
             micro.rows,
             micro.len,
+            replicas.max(1),
             candle_core::utils::get_num_threads()
         ),
     })

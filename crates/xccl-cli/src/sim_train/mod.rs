@@ -65,8 +65,9 @@ pub struct SimTrainArgs {
     /// job's ranks]; measuring uses them (RAYON_NUM_THREADS, when not set).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Cores per modelled host: ranks of a host whose threads exceed them share them, and
-    /// compute slows down in proportion [default: this machine's].
+    /// Cores per modelled host [default: this machine's]. The measurement runs the ranks of
+    /// one host at once here; with more or fewer cores per host, compute is scaled by how much
+    /// more or less the ranks' threads crowd them.
     #[arg(long)]
     pub host_cores: Option<usize>,
 }
@@ -168,15 +169,18 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         micro,
         config.optim,
         if args.from_trace.is_some() { 1 } else { args.iters },
+        // The ranks this machine would hold of one host, measured at once.
+        if args.from_trace.is_some() { 1 } else { (rph.min(ranks) / config.tp).max(1) },
     )?;
     if let Some(path) = &args.from_trace {
         from_trace(&mut profile, path, args.trace_rank)?;
     }
-    // Ranks of a host share its cores; the measurement's own tensor-parallel threads shared
-    // this machine's.
+    // The measurement ran a host's ranks at once on this machine's cores; a modelled host
+    // with other cores crowds its ranks' threads more or less.
     let host_cores = args.host_cores.unwrap_or(cores) as f64;
-    let here = ((config.tp * threads) as f64 / cores as f64).max(1.0);
-    let there = ((rph.min(ranks) * threads) as f64 / host_cores).max(1.0);
+    let busy = (rph.min(ranks) * threads) as f64;
+    let there = (busy / host_cores).max(1.0);
+    let here = (busy / cores as f64).max(1.0);
     let slowdown = if args.from_trace.is_some() { 1.0 } else { there / here };
     let layout = Layout { dp, pp: config.pp(), tp: config.tp, ranks_per_host: rph };
     let net = predict::Net { topo: &topo, model: &model, costs: &costs };
