@@ -224,11 +224,14 @@ pub fn apply_spans(blocks: &mut [BlockTimes], runs: &[Vec<Span>]) -> Result<(), 
         let mut fwd = Vec::new();
         let mut bwd = Vec::new();
         for (i, spans) in runs.iter().enumerate() {
-            let ops: Vec<&Span> = spans.iter().filter(|s| s.kind == Kind::Comm && s.track.contains("tp")).collect();
+            let ops: Vec<&Span> =
+                spans.iter().filter(|s| s.kind == Kind::Comm && s.track.contains("tp")).collect();
             let find = |name: String| spans.iter().find(|s| s.kind == Kind::Compute && s.name == name);
             let inside = |s: &Span| -> (f64, Vec<(CollKind, usize)>) {
-                let mine: Vec<&&Span> =
-                    ops.iter().filter(|o| o.start_us >= s.start_us && o.start_us < s.start_us + s.dur_us).collect();
+                let mine: Vec<&&Span> = ops
+                    .iter()
+                    .filter(|o| o.start_us >= s.start_us && o.start_us < s.start_us + s.dur_us)
+                    .collect();
                 let t: f64 = mine.iter().map(|o| o.dur_us.min(s.dur_us)).sum();
                 (t, mine.iter().filter_map(|o| parse_op(&o.name)).collect())
             };
@@ -294,7 +297,8 @@ pub fn trace_runs(text: &str, rank: usize, first_block: &str) -> Result<Vec<Vec<
     let mut tracks = std::collections::HashMap::new();
     for e in events {
         if e["ph"] == "M" && e["name"] == "thread_name" && e["pid"].as_u64() == Some(rank as u64) {
-            tracks.insert(e["tid"].as_u64().unwrap_or(0), e["args"]["name"].as_str().unwrap_or("").to_string());
+            tracks
+                .insert(e["tid"].as_u64().unwrap_or(0), e["args"]["name"].as_str().unwrap_or("").to_string());
         }
     }
     let mut spans: Vec<Span> = events

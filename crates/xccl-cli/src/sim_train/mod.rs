@@ -201,7 +201,10 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);
     }
     println!("# compute: {}; x{slowdown:.2} for ranks sharing a host's cores", profile.source);
-    println!("# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd)", "block", "fwd(us)", "bwd(us)", "params", "out elems");
+    println!(
+        "# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd)",
+        "block", "fwd(us)", "bwd(us)", "params", "out elems"
+    );
     for b in &profile.blocks {
         println!(
             "  {:<8} {:>10.1} {:>10.1} {:>10} {:>12}  {} / {}",
@@ -223,15 +226,17 @@ fn from_trace(profile: &mut Profile, path: &std::path::Path, rank: usize) -> Res
     let text = std::fs::read_to_string(path).map_err(|e| format!("--from-trace {}: {e}", path.display()))?;
     let first = profile.blocks.first().map(|b| b.name.clone()).unwrap_or_default();
     let runs = measure::trace_runs(&text, rank, &first).map_err(|e| format!("{}: {e}", path.display()))?;
-    measure::apply_spans(&mut profile.blocks, &runs).map_err(|e| {
-        format!("{}: {e} (was it recorded with the same model and --pp 1?)", path.display())
-    })?;
+    measure::apply_spans(&mut profile.blocks, &runs)
+        .map_err(|e| format!("{}: {e} (was it recorded with the same model and --pp 1?)", path.display()))?;
     profile.source = format!("{} (rank {rank}, {} iteration(s))", path.display(), runs.len());
     Ok(())
 }
 
 /// The blocks of each pipeline stage (one range without a pipeline).
-pub fn stage_blocks(config: &xccl_train::config::TrainConfig, profile: &Profile) -> Result<Vec<std::ops::Range<usize>>, String> {
+pub fn stage_blocks(
+    config: &xccl_train::config::TrainConfig,
+    profile: &Profile,
+) -> Result<Vec<std::ops::Range<usize>>, String> {
     let n = profile.blocks.len();
     match &config.pipeline {
         None => Ok(vec![0..n]),

@@ -127,7 +127,11 @@ impl Sim<'_> {
                 v
             }
         };
-        let name = if kind == CollKind::Broadcast && group == "pp" { "send/recv".to_string() } else { kind.to_string() };
+        let name = if kind == CollKind::Broadcast && group == "pp" {
+            "send/recv".to_string()
+        } else {
+            kind.to_string()
+        };
         let e = self.tally.entry((group, name, bytes)).or_insert((0, t, algo));
         e.0 += count;
         Ok(t)
@@ -259,7 +263,12 @@ fn sequential_lane(m: usize, profile: &Profile, cost: &[[f64; 4]]) -> Lane {
 /// ZeRO stage 3: each block's parameters gathered over the data-parallel group just before
 /// it runs (the next block's prefetched as one starts), forwards run again in backward, and
 /// each block's gradient reduce-scattered once its backward is done, all on one stream.
-fn zero3_lane(config: &TrainConfig, profile: &Profile, cost: &[[f64; 4]], sim: &mut Sim) -> Result<Lane, String> {
+fn zero3_lane(
+    config: &TrainConfig,
+    profile: &Profile,
+    cost: &[[f64; 4]],
+    sim: &mut Sim,
+) -> Result<Lane, String> {
     let (n, layout) = (cost.len(), sim.layout);
     let dp: Vec<usize> = (0..layout.dp).map(|d| layout.rank(0, d, 0)).collect();
     let m = config.accum;
@@ -329,8 +338,12 @@ fn pipeline_lanes(
         let mut ops = Vec::new();
         let mut tags = Vec::new();
         let p2p = |sim: &mut Sim, peer: usize, elems: usize| {
+            // A header of five u64 (the tensor's shape), then the f32 payload.
             let ranks = [layout.rank(r, 0, 0), layout.rank(peer, 0, 0)];
-            sim.time("pp", CollKind::Broadcast, &ranks, elems * 4, 1)
+            Ok::<f64, String>(
+                sim.time("pp", CollKind::Broadcast, &ranks, 40, 1)?
+                    + sim.time("pp", CollKind::Broadcast, &ranks, elems * 4, 1)?,
+            )
         };
         for &a in actions {
             let (op, tag) = match a {
@@ -391,7 +404,8 @@ fn pipeline_lanes(
                 }
             }
         }
-        let slots = profile.slots.iter().copied().filter(|(b, _)| chunks.iter().any(|c| c.contains(b))).collect();
+        let slots =
+            profile.slots.iter().copied().filter(|(b, _)| chunks.iter().any(|c| c.contains(b))).collect();
         out.push(Lane { slots, done: vec![done], end: tl.ends[r], busy, tp, comm_free: 0.0 });
     }
     Ok(out)

@@ -104,15 +104,27 @@ fn ddp_overlaps_buckets_with_backward_and_one_bucket_does_not() {
     };
     let compute = 4.0 * 1.5e-3;
     // One bucket of everything: it starts when backward ends.
-    let one = predict(&config(&["--layers", "2", "--bucket-mb", "64", "--first-bucket-mb", "64"]), &prof, layout, &net, 1.0)
-        .unwrap();
+    let one = predict(
+        &config(&["--layers", "2", "--bucket-mb", "64", "--first-bucket-mb", "64"]),
+        &prof,
+        layout,
+        &net,
+        1.0,
+    )
+    .unwrap();
     let expect = compute + ar(4 << 20) + ar(8);
     assert!(close(one.step, expect, 1e-9), "{} vs {expect}", one.step);
     // A bucket per block: each starts as its block's backward ends, so all but the last
     // hide behind backward when a bucket takes less than a block's backward, and the step
     // is max(compute, stream) = compute + one bucket.
-    let per = predict(&config(&["--layers", "2", "--bucket-mb", "1", "--first-bucket-mb", "1"]), &prof, layout, &net, 1.0)
-        .unwrap();
+    let per = predict(
+        &config(&["--layers", "2", "--bucket-mb", "1", "--first-bucket-mb", "1"]),
+        &prof,
+        layout,
+        &net,
+        1.0,
+    )
+    .unwrap();
     let bucket = ar(1 << 20);
     let ready: Vec<f64> = (1..=4).map(|i| 2e-3 + i as f64 * 1e-3).collect();
     let stream = timeline::stream(&ready, &[bucket; 4]);
