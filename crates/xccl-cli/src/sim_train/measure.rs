@@ -83,10 +83,20 @@ pub fn measure(
             comms.push((true, None));
         }
     }
+    // Every rank also holds a world communicator, as train's ranks do: its progress
+    // thread shares the cores with the compute.
+    let world = Communicator::local(comms.len()).map_err(|e| e.to_string())?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|(first, c)| s.spawn(move || (first, measure_rank(config, seed, c, sp, micro, iters))))
+            .zip(world)
+            .map(|((first, c), w)| {
+                s.spawn(move || {
+                    let r = measure_rank(config, seed, c, sp, micro, iters);
+                    drop(w);
+                    (first, r)
+                })
+            })
             .collect();
         handles
             .into_iter()

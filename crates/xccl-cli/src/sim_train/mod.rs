@@ -59,7 +59,7 @@ pub struct SimTrainArgs {
     #[arg(long, default_value_t = 0)]
     pub trace_rank: usize,
     /// Timed iterations of the measurement (after one warm-up).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 20)]
     pub iters: usize,
     /// Compute threads per rank [default: as xccl train, this machine's cores over the
     /// job's ranks]; measuring uses them (RAYON_NUM_THREADS, when not set).
