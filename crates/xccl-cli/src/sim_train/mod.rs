@@ -239,7 +239,7 @@ pub fn stage_blocks(
 ) -> Result<Vec<std::ops::Range<usize>>, String> {
     let n = profile.blocks.len();
     match &config.pipeline {
-        None => Ok(vec![0..n]),
+        None => Ok(std::iter::once(0..n).collect()),
         Some(p) => {
             let costs: Vec<f64> = match p.balance {
                 xccl_train::config::Balance::Time => profile.blocks.iter().map(|b| b.fwd + b.bwd).collect(),
