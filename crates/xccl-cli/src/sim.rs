@@ -1,8 +1,8 @@
 //! `xccl sim`: simulates collectives on a modelled network with the schedules the executor
 //! runs (the `xccl-sim` crate) and prints, per algorithm and size, the time, algorithm and
 //! bus bandwidth, and the time the simulation took; then the simulator's best against the
-//! `xccl sim train` (the [`crate::sim_train`] module) predicts a training step instead.
-//! tuner's pick, and the busiest links (optionally an SVG heat map).
+//! tuner's pick, and the busiest links (optionally an SVG heat map). `xccl sim train` (the
+//! [`crate::sim_train`] module) predicts a training step instead.
 
 use std::process::ExitCode;
 use std::time::Instant;
