@@ -2,7 +2,8 @@
 //! job; under a launcher, as one of its ranks), `run` launches ranks (and restarts failed jobs), `bench` measures collectives, `demo` runs and checks every
 //! collective on local ranks, `verify` proves the algorithms correct, `tune` calibrates the
 //! algorithm tuner, `checkpoint` inspects, exports and imports distributed checkpoints, `flight` prints what
-//! every rank of a failed job was doing, `sim` simulates collectives on modelled networks.
+//! every rank of a failed job was doing, `sim` simulates collectives on modelled networks
+//! (`sim train`: predicts a training step's time).
 
 mod bench;
 mod checkpoint;
@@ -11,6 +12,7 @@ mod flight;
 mod pipeline_svg;
 mod run;
 mod sim;
+mod sim_train;
 mod train;
 mod tune;
 mod verify;

@@ -1,7 +1,8 @@
 //! `xccl sim`: simulates collectives on a modelled network with the schedules the executor
 //! runs (the `xccl-sim` crate) and prints, per algorithm and size, the time, algorithm and
 //! bus bandwidth, and the time the simulation took; then the simulator's best against the
-//! tuner's pick, and the busiest links (optionally an SVG heat map).
+//! tuner's pick, and the busiest links (optionally an SVG heat map). `xccl sim train` (the
+//! [`crate::sim_train`] module) predicts a training step instead.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -15,6 +16,9 @@ use xccl_sim::{Model, busbw_factor, report, spec};
 /// Arguments of `xccl sim`.
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
+    /// `xccl sim train`: predict a training step instead.
+    #[command(subcommand)]
+    pub what: Option<SimCommand>,
     /// The network: star, ring, torus[:dims=8x8], hypercube, fat-tree[:k=16,levels=3,over=2],
     /// dragonfly[:a=8,p=4,h=4,routing=valiant], dragonfly+[:leaves=8,spines=8,p=8,h=4], or
     /// measured (the tuning file's TCP constants); every shape takes bw=GBIT_S and lat=US.
@@ -52,8 +56,20 @@ pub struct SimArgs {
     pub svg: Option<String>,
 }
 
+/// What `xccl sim` can simulate besides one collective.
+#[derive(clap::Subcommand, Debug)]
+pub enum SimCommand {
+    /// Predict a training step's time for a model and mesh (dp x pp x tp) from measured
+    /// per-block compute times plus simulated collectives, with the overlap the strategy
+    /// allows: `xccl sim train --dp 2 --pp 2 --topology fat-tree --hosts 4`.
+    Train(Box<crate::sim_train::SimTrainArgs>),
+}
+
 /// Runs `xccl sim`.
 pub fn run(args: &SimArgs) -> ExitCode {
+    if let Some(SimCommand::Train(t)) = &args.what {
+        return crate::sim_train::run(t);
+    }
     match simulate(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

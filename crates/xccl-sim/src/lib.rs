@@ -31,6 +31,7 @@ mod queue;
 pub mod report;
 pub mod spec;
 pub mod sweep;
+pub mod timeline;
 pub mod topology;
 
 pub use engine::{Call, Model, Outcome, simulate};

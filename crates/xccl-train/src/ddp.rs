@@ -30,6 +30,31 @@ struct Bucket {
     lowest_block: usize,
 }
 
+/// DDP's buckets in launch order as `(elements, lowest block)`, cut from `params` (each
+/// parameter's `(block, elements)` in parameter order) walked from the last: the first bucket
+/// holds at most `first_bucket_bytes`, the others at most `bucket_bytes`, a parameter larger
+/// than the cap a bucket of its own. `xccl sim train` simulates the same buckets.
+pub fn plan(
+    params: impl DoubleEndedIterator<Item = (usize, usize)>,
+    config: &DdpConfig,
+) -> Vec<(usize, usize)> {
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut current: Option<(usize, usize)> = None;
+    for (block, len) in params.rev() {
+        let cap = if ranges.is_empty() { config.first_bucket_bytes } else { config.bucket_bytes };
+        current = match current.take() {
+            Some((cur, low)) if (cur + len) * 4 <= cap => Some((cur + len, low.min(block))),
+            Some(full) => {
+                ranges.push(full);
+                Some((len, block))
+            }
+            None => Some((len, block)),
+        };
+    }
+    ranges.extend(current);
+    ranges
+}
+
 /// The DDP state of one rank.
 pub struct Ddp {
     comm: Communicator,
@@ -49,27 +74,10 @@ impl Ddp {
                 "bucket sizes must be at least one byte (--bucket-mb, --first-bucket-mb)",
             ));
         }
-        // Walk the parameters from the last, closing a bucket when the next would overflow it.
-        let mut ranges: Vec<(Range<usize>, usize)> = Vec::new();
-        let mut current: Option<(Range<usize>, usize)> = None;
-        for slot in params.slots().iter().rev() {
-            let r = slot.range();
-            let cap = if ranges.is_empty() { config.first_bucket_bytes } else { config.bucket_bytes };
-            current = match current.take() {
-                Some((cur, low)) if (cur.len() + r.len()) * 4 <= cap => {
-                    Some((r.start..cur.end, low.min(slot.block)))
-                }
-                Some(full) => {
-                    ranges.push(full);
-                    Some((r, slot.block))
-                }
-                None => Some((r, slot.block)),
-            };
-        }
-        ranges.extend(current);
+        let ranges = plan(params.slots().iter().map(|s| (s.block, s.range().len())), &config);
         let n = ranges.len();
         // Chunks are in parameter order, buckets in the reverse.
-        let lens: Vec<usize> = ranges.iter().rev().map(|(r, _)| r.len()).collect();
+        let lens: Vec<usize> = ranges.iter().rev().map(|&(len, _)| len).collect();
         let buckets = ranges
             .iter()
             .enumerate()

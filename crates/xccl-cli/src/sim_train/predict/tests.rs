@@ -1,0 +1,154 @@
+//! The prediction's arithmetic against hand-computed cases.
+
+use clap::Parser;
+
+use super::*;
+use crate::sim_train::measure::BlockTimes;
+use crate::train::TrainArgs;
+
+#[derive(Parser)]
+struct Wrap {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+fn config(flags: &[&str]) -> TrainConfig {
+    let mut argv = vec!["x", "--digits", "2", "--heads", "2", "--width", "16"];
+    argv.extend_from_slice(flags);
+    Wrap::try_parse_from(argv).unwrap().args.config().unwrap().1
+}
+
+/// `n` blocks of `f` forward and `b` backward seconds, `params` elements each, no tp.
+fn profile(n: usize, f: f64, b: f64, params: usize) -> Profile {
+    Profile {
+        blocks: (0..n)
+            .map(|k| BlockTimes {
+                name: format!("b{k}"),
+                fwd: f,
+                bwd: b,
+                out_elems: 1000,
+                params,
+                tp_fwd: vec![],
+                tp_bwd: vec![],
+            })
+            .collect(),
+        slots: (0..n).map(|k| (k, params)).collect(),
+        optim_per_elem: 0.0,
+        source: "test".into(),
+    }
+}
+
+/// A network where messages are free.
+fn free() -> (Topology, Model) {
+    let model = Model { alpha: 0.0, shm_alpha: 0.0, shm_bw: 1e30, gamma: 0.0, delta: 0.0, segment: 1e30 };
+    (Topology::star(4, 1e30, 0.0), model)
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs())
+}
+
+#[test]
+fn gpipe_and_1f1b_bubble_is_the_closed_form_with_equal_stages_and_free_messages() {
+    let (topo, model) = free();
+    let costs = CostModel::default();
+    let net = Net { topo: &topo, model: &model, costs: &costs };
+    for schedule in ["gpipe", "1f1b"] {
+        for (p, m, layers) in [(2, 4, 4), (4, 8, 6), (2, 1, 2)] {
+            let per = (layers + 2) / p;
+            let balance = vec![per.to_string(); p].join(",");
+            let (ps, ms) = (p.to_string(), m.to_string());
+            let flags = [
+                "--layers",
+                &layers.to_string(),
+                "--dp",
+                "1",
+                "--pp",
+                &ps,
+                "--micro-batches",
+                &ms,
+                "--batch",
+                &ms,
+                "--schedule",
+                schedule,
+                "--pp-balance",
+                &balance,
+            ];
+            let cfg = config(&flags);
+            let prof = profile(layers + 2, 1e-3, 2e-3, 100);
+            let layout = Layout { dp: 1, pp: p, tp: 1, ranks_per_host: 1 };
+            let pred = predict(&cfg, &prof, layout, &net, 1.0).unwrap();
+            let stage = per as f64 * 3e-3;
+            let expect = (m + p - 1) as f64 * stage;
+            assert!(close(pred.step, expect, 1e-6), "{schedule} p={p} m={m}: {} vs {expect}", pred.step);
+            let bubble = (p - 1) as f64 / (m + p - 1) as f64;
+            assert!(close(pred.bubble / pred.step, bubble, 1e-6), "{schedule} p={p} m={m}: {}", pred.bubble);
+            assert!(close(pred.compute, m as f64 * stage, 1e-6));
+        }
+    }
+}
+
+#[test]
+fn ddp_overlaps_buckets_with_backward_and_one_bucket_does_not() {
+    // Two ranks on two hosts of a star: 1 GB/s links, nothing else costs.
+    let topo = Topology::star(2, 1e9, 0.0);
+    let model = Model { alpha: 0.0, ..Model::default() };
+    let costs = CostModel::default();
+    let net = Net { topo: &topo, model: &model, costs: &costs };
+    let layout = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 1 };
+    // 4 blocks (2 layers) of 1 ms backward, 1 MiB of parameters each.
+    let prof = profile(4, 0.5e-3, 1e-3, 1 << 18);
+    let ar = |bytes: usize| {
+        let mut sim = Sim { net: &net, layout, cache: HashMap::new(), tally: BTreeMap::new() };
+        sim.time("dp", CollKind::AllReduce, &[0, 1], bytes, 1).unwrap()
+    };
+    let compute = 4.0 * 1.5e-3;
+    // One bucket of everything: it starts when backward ends.
+    let one = predict(
+        &config(&["--layers", "2", "--bucket-mb", "64", "--first-bucket-mb", "64"]),
+        &prof,
+        layout,
+        &net,
+        1.0,
+    )
+    .unwrap();
+    let expect = compute + ar(4 << 20) + ar(8);
+    assert!(close(one.step, expect, 1e-9), "{} vs {expect}", one.step);
+    // A bucket per block: each starts as its block's backward ends, so all but the last
+    // hide behind backward when a bucket takes less than a block's backward, and the step
+    // is max(compute, stream) = compute + one bucket.
+    let per = predict(
+        &config(&["--layers", "2", "--bucket-mb", "1", "--first-bucket-mb", "1"]),
+        &prof,
+        layout,
+        &net,
+        1.0,
+    )
+    .unwrap();
+    let bucket = ar(1 << 20);
+    let ready: Vec<f64> = (1..=4).map(|i| 2e-3 + i as f64 * 1e-3).collect();
+    let stream = timeline::stream(&ready, &[bucket; 4]);
+    let expect = compute.max(stream) + ar(8);
+    assert!(close(per.step, expect, 1e-9), "{} vs {expect}", per.step);
+    assert!(per.step < one.step);
+    assert!(close(per.exposed + per.compute, per.step, 1e-9));
+    let row = per.colls.iter().find(|r| r.bytes == 1 << 20).unwrap();
+    assert_eq!((row.group, row.count), ("dp", 4));
+}
+
+#[test]
+fn zero_stages_communicate_more_than_ddp_never_less() {
+    let topo = Topology::star(2, 1e9, 0.0);
+    let model = Model { alpha: 0.0, ..Model::default() };
+    let costs = CostModel::default();
+    let net = Net { topo: &topo, model: &model, costs: &costs };
+    let layout = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 1 };
+    let prof = profile(4, 0.5e-3, 1e-3, 1 << 18);
+    let step = |f: &[&str]| predict(&config(f), &prof, layout, &net, 1.0).unwrap();
+    let z1 = step(&["--layers", "2", "--zero", "1"]);
+    let z3 = step(&["--layers", "2", "--zero", "3"]);
+    assert!(z1.step >= 6e-3, "{}", z1.step);
+    // ZeRO-3 runs forwards again in backward (3 of the 4 blocks) and gathers twice.
+    assert!(z3.compute >= 6e-3 + 3.0 * 0.5e-3 - 1e-12, "{}", z3.compute);
+    assert!(z3.colls.iter().any(|r| r.kind == "all_gather"));
+}
