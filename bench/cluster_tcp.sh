@@ -6,6 +6,8 @@
 #
 #   sudo bash bench/cluster_tcp.sh               (4 hosts x 1 rank and 2 hosts x 2 ranks, 2 Gbit/s)
 #   RATE=1gbit SIZES=64K,1M,64M bash bench/cluster_tcp.sh
+#   CALIBRATE=1 sudo bash bench/cluster_tcp.sh   (first `xccl tune measure` + `fit` on each
+#                                                cluster shape, then the bench with that file)
 #
 # Raw outputs and summary.md go to $OUT (default target/bench/cluster_tcp).
 set -euo pipefail
@@ -29,8 +31,16 @@ for shape in $SHAPES; do
   sleep 1
   bash "$CLUSTER" exec "$NAME" 1 -- iperf3 -c 10.77.0.1 -p 5299 -t 3 -f g --bidir > "$OUT/iperf3_$shape.txt" 2>&1 || true
   wait || true
+  tune=()
+  if [ "${CALIBRATE:-0}" = 1 ]; then
+    # The tuner calibrated on this very cluster: every all-reduce algorithm timed, then fitted.
+    bash "$CLUSTER" launch "$NAME" --ranks-per-host "$rph" -- \
+      "$XCCL" tune measure --colls all_reduce --sizes "$SIZES" -o "$OUT/tune_$shape.rec" > "$OUT/tune_$shape.log" 2>&1
+    "$XCCL" tune fit "$OUT/tune_$shape.rec" -o "$OUT/cluster_$shape.tune" >> "$OUT/tune_$shape.log" 2>&1
+    tune=(env "XCCL_TUNE_FILE=$OUT/cluster_$shape.tune")
+  fi
   XCCL_DEBUG=xccl::comm=info bash "$CLUSTER" launch "$NAME" --ranks-per-host "$rph" -- \
-    "$XCCL" bench all_reduce --sizes "$SIZES" --every-algo --target-sec 0.5 > "$OUT/xccl_$shape.txt" 2>&1
+    "${tune[@]}" "$XCCL" bench all_reduce --sizes "$SIZES" --every-algo --target-sec 0.5 > "$OUT/xccl_$shape.txt" 2>&1
   # The probe's latency, for the simulator.
   alpha=$(grep -o "measured: [0-9.]* µs" "$OUT/xccl_$shape.txt" | head -1 | awk '{print $2}')
   gbit=${RATE%gbit}
