@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -171,9 +172,9 @@ class Campaign:
         hung = [r for r in survivors if r not in exits]
         rec.update(limit_s=limit, detect_s={str(r): round(t, 3) for r, t in sorted(exits.items())},
                    worst_s=round(max(exits.values()), 3) if exits else None, hung=hung, early=early)
-        return self.finish(rec, launch, job, shm_before, (survivors, exits, limit, victim, host, trial_dir))
+        return self.finish(rec, launch, job, shm_before, trial_dir)
 
-    def finish(self, rec, launch, job, shm_before, seen):
+    def finish(self, rec, launch, job, shm_before, trial_dir):
         # Stop whatever is left, put the link back, then look for leftovers.
         for p in job_pids(job, self.xccl).values():
             for s in (signal.SIGCONT, signal.SIGKILL):
@@ -197,43 +198,70 @@ class Campaign:
             except OSError:
                 pass
         rec.update(left_procs=left_procs, left_shm=left_shm)
-        if seen is not None:
-            survivors, exits, limit, victim, host, trial_dir = seen
-            wrong, unnamed = [], []
-            for r in survivors:
-                try:
-                    with open(os.path.join(trial_dir, f"rank{r}.log"), errors="replace") as f:
-                        log = f.read()
-                except OSError:
-                    log = ""
-                if "wrong values" in log:
-                    wrong.append(r)
-                if rec["kind"] in ("kill", "stop"):
-                    blamed = {victim}
-                else:
-                    mine = r // self.a.ranks_per_host == host
-                    blamed = {q for q in range(self.world) if (q // self.a.ranks_per_host == host) != mine}
-                last = [ln for ln in log.splitlines() if ln.startswith("xccl ")][-1:] or [""]
-                if not any(f"rank {q}" in last[0] for q in blamed):
-                    unnamed.append(r)
-            slow = [r for r, t in exits.items() if t > limit]
-            rec.update(wrong=wrong, unnamed=unnamed, slow=slow)
-            if wrong:
-                outcome = "wrong-result"
-            elif rec["hung"]:
-                outcome = "hang"
-            elif left_procs or left_shm:
-                outcome = "leftover"
-            elif slow:
-                outcome = "slow"
-            elif unnamed:
-                outcome = "unnamed"
-            else:
-                outcome = "ok"
-            rec["outcome"] = outcome
+        if trial_dir is not None:
+            judge(rec, trial_dir, self.a.ranks_per_host, self.world)
         with open(os.path.join(self.a.out, "trials.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
         return rec
+
+
+def named(line):
+    """The ranks an error line names: "rank 3", "ranks 2, 3"."""
+    got = set()
+    for m in re.finditer(r"\branks? (\d+(?:, \d+)*)", line):
+        got.update(int(x) for x in m.group(1).split(", "))
+    return got
+
+
+def judge(rec, trial_dir, rph, world):
+    """Sets a finished trial's outcome from its record and the survivors' logs."""
+    victim, host, kind = rec["victim"], rec["host"], rec["kind"]
+    survivors = [r for r in range(world) if r != victim] if kind in ("kill", "stop") else list(range(world))
+    exits = {int(r): t for r, t in rec["detect_s"].items()}
+    wrong, unnamed = [], []
+    for r in survivors:
+        try:
+            with open(os.path.join(trial_dir, f"rank{r}.log"), errors="replace") as f:
+                log = f.read()
+        except OSError:
+            log = ""
+        if "wrong values" in log:
+            wrong.append(r)
+        if kind in ("kill", "stop"):
+            blamed = {victim}
+        else:
+            mine = r // rph == host
+            blamed = {q for q in range(world) if (q // rph == host) != mine}
+        last = [ln for ln in log.splitlines() if ln.startswith("xccl ")][-1:] or [""]
+        if not named(last[0]) & blamed:
+            unnamed.append(r)
+    slow = [r for r, t in exits.items() if t > rec["limit_s"]]
+    rec.update(wrong=wrong, unnamed=unnamed, slow=slow)
+    if wrong:
+        outcome = "wrong-result"
+    elif rec["hung"]:
+        outcome = "hang"
+    elif rec["left_procs"] or rec["left_shm"]:
+        outcome = "leftover"
+    elif slow:
+        outcome = "slow"
+    elif unnamed:
+        outcome = "unnamed"
+    else:
+        outcome = "ok"
+    rec["outcome"] = outcome
+
+
+def rescore(a):
+    """Judges the trials of an earlier campaign in --out again (after a change of the checks)."""
+    path = os.path.join(a.out, "trials.jsonl")
+    records = [json.loads(ln) for ln in open(path)]
+    for rec in records:
+        if "detect_s" in rec:
+            judge(rec, os.path.join(a.out, f"trial{rec['trial']:04d}"), a.ranks_per_host, a.hosts * a.ranks_per_host)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    print(summarize(records, a.out))
 
 
 def summarize(records, out):
@@ -269,7 +297,10 @@ def main():
     p.add_argument("--train-share", type=float, default=0.15, help="share of trials that run xccl train")
     p.add_argument("--out", default=os.path.join(REPO, "target", "faults"))
     p.add_argument("--xccl", default=os.path.join(REPO, "target", "release", "xccl"), help="the xccl binary to run")
+    p.add_argument("--rescore", action="store_true", help="judge the trials in --out again instead of running any")
     a = p.parse_args()
+    if a.rescore:
+        return rescore(a)
     if os.geteuid() != 0:
         sys.exit("faults.py: needs root for network namespaces")
     if not os.path.exists(a.xccl):

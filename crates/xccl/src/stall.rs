@@ -13,12 +13,27 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// Why a board did not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NoAnswer {
+    /// What failed.
+    pub why: String,
+    /// The board's process has ended (it refused the connection): it is not stopped.
+    pub ended: bool,
+}
+
+impl From<&str> for NoAnswer {
+    fn from(why: &str) -> NoAnswer {
+        NoAnswer { why: why.to_string(), ended: false }
+    }
+}
+
 /// Where ranks that time out say whom they wait for, and read what the others said.
 pub(crate) trait Board: Send + Sync + std::fmt::Debug {
     /// Says that `rank` waits for `peers` (within `patience`).
-    fn post(&self, rank: usize, peers: &[usize], patience: Duration) -> Result<(), String>;
+    fn post(&self, rank: usize, peers: &[usize], patience: Duration) -> Result<(), NoAnswer>;
     /// What `rank` posted, or `None` if it has posted nothing yet (within `patience`).
-    fn peek(&self, rank: usize, patience: Duration) -> Result<Option<Vec<usize>>, String>;
+    fn peek(&self, rank: usize, patience: Duration) -> Result<Option<Vec<usize>>, NoAnswer>;
     /// The rank whose process serves the board, if one of this communicator's does: when
     /// the board does not answer, that rank's process is not running.
     fn server(&self) -> Option<usize>;
@@ -113,9 +128,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(25);
 pub(crate) fn find_silent(board: &dyn Board, me: usize, waits_for: &[usize], patience: Duration) -> Verdict {
     let deadline = Instant::now() + patience;
     let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let unreachable = |why: String| Verdict::Unreachable { server: board.server().filter(|&s| s != me), why };
-    if let Err(why) = board.post(me, waits_for, left()) {
-        return unreachable(why);
+    if let Err(e) = board.post(me, waits_for, left()) {
+        // A board that does not answer is served by a stopped process; one that refuses, by
+        // one that ended (and said why on its links).
+        let server = board.server().filter(|&s| s != me && !e.ended);
+        return Verdict::Unreachable { server, why: e.why };
     }
     // Every rank reached, and what it posted (`None`: nothing yet).
     let mut reached: BTreeMap<usize, Option<Vec<usize>>> = BTreeMap::new();
@@ -189,6 +206,7 @@ mod tests {
         start: Instant,
         posts: Mutex<BTreeMap<usize, (Duration, Vec<usize>)>>,
         down: bool,
+        ended: bool,
         server: Option<usize>,
     }
 
@@ -196,19 +214,25 @@ mod tests {
         fn new(posts: &[(usize, u64, &[usize])]) -> Scripted {
             let posts =
                 posts.iter().map(|&(r, ms, p)| (r, (Duration::from_millis(ms), p.to_vec()))).collect();
-            Scripted { start: Instant::now(), posts: Mutex::new(posts), down: false, server: None }
+            Scripted {
+                start: Instant::now(),
+                posts: Mutex::new(posts),
+                down: false,
+                ended: false,
+                server: None,
+            }
         }
     }
 
     impl Board for Scripted {
-        fn post(&self, rank: usize, peers: &[usize], _: Duration) -> Result<(), String> {
+        fn post(&self, rank: usize, peers: &[usize], _: Duration) -> Result<(), NoAnswer> {
             if self.down {
-                return Err("connection refused".into());
+                return Err(NoAnswer { why: "no answer".into(), ended: self.ended });
             }
             self.posts.lock().unwrap().insert(rank, (Duration::ZERO, peers.to_vec()));
             Ok(())
         }
-        fn peek(&self, rank: usize, _: Duration) -> Result<Option<Vec<usize>>, String> {
+        fn peek(&self, rank: usize, _: Duration) -> Result<Option<Vec<usize>>, NoAnswer> {
             let posts = self.posts.lock().unwrap();
             Ok(posts.get(&rank).filter(|(at, _)| self.start.elapsed() >= *at).map(|(_, p)| p.clone()))
         }
@@ -267,6 +291,11 @@ mod tests {
         // The server itself blames nobody for its own board.
         let v = find_silent(&board, 0, &[1], PATIENCE);
         assert!(v.silent().is_empty(), "{v:?}");
+        // A board whose process ended (it refuses) blames nobody either: that rank said why
+        // it failed on its links.
+        board.ended = true;
+        let v = find_silent(&board, 2, &[1], PATIENCE);
+        assert!(v.silent().is_empty(), "{v:?}");
     }
 
     #[test]
@@ -275,10 +304,10 @@ mod tests {
         #[derive(Debug)]
         struct Closing(Scripted);
         impl Board for Closing {
-            fn post(&self, rank: usize, peers: &[usize], t: Duration) -> Result<(), String> {
+            fn post(&self, rank: usize, peers: &[usize], t: Duration) -> Result<(), NoAnswer> {
                 self.0.post(rank, peers, t)
             }
-            fn peek(&self, rank: usize, t: Duration) -> Result<Option<Vec<usize>>, String> {
+            fn peek(&self, rank: usize, t: Duration) -> Result<Option<Vec<usize>>, NoAnswer> {
                 if rank == 3 { Err("connection closed".into()) } else { self.0.peek(rank, t) }
             }
             fn server(&self) -> Option<usize> {

@@ -2,11 +2,12 @@
 //! (`crate::stall`). A fresh connection is made when a rank first times out: the one used
 //! to bootstrap is long closed, and the store is outside the links that stalled.
 
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Auth, C10dClient, StoreClient};
-use crate::stall::{self, Board};
+use crate::stall::{self, Board, NoAnswer};
 
 /// How to reach the job's store again after bootstrap.
 #[derive(Clone, Debug)]
@@ -66,9 +67,18 @@ impl StoreBoard {
         &self,
         patience: Duration,
         f: impl FnOnce(&mut Client) -> crate::Result<T>,
-    ) -> Result<T, String> {
+    ) -> Result<T, NoAnswer> {
         let mut slot = self.client.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
+            // A refusal means the store's process has ended: say so at once rather than
+            // retry as a rank joining a job does.
+            let (StoreAddress::Ours { addr, .. } | StoreAddress::C10d { addr, .. }) = &self.store;
+            if let Some(a) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
+                if let Err(e) = TcpStream::connect_timeout(&a, patience.max(Duration::from_millis(1))) {
+                    let ended = e.kind() == std::io::ErrorKind::ConnectionRefused;
+                    return Err(NoAnswer { why: format!("the store at {addr}: {e}"), ended });
+                }
+            }
             let client = match &self.store {
                 StoreAddress::Ours { addr, auth } => {
                     StoreClient::connect(addr, auth, patience).map(Client::Ours)
@@ -77,10 +87,10 @@ impl StoreBoard {
                     C10dClient::connect(addr, prefix, patience).map(Client::C10d)
                 }
             };
-            *slot = Some(client.map_err(|e| e.to_string())?);
+            *slot = Some(client.map_err(|e| NoAnswer::from(e.to_string().as_str()))?);
         }
         let Some(client) = slot.as_mut() else { return Err("no connection to the store".into()) };
-        let res = f(client).map_err(|e| e.to_string());
+        let res = f(client).map_err(|e| NoAnswer::from(e.to_string().as_str()));
         if res.is_err() {
             *slot = None;
         }
@@ -89,7 +99,7 @@ impl StoreBoard {
 }
 
 impl Board for StoreBoard {
-    fn post(&self, rank: usize, peers: &[usize], patience: Duration) -> Result<(), String> {
+    fn post(&self, rank: usize, peers: &[usize], patience: Duration) -> Result<(), NoAnswer> {
         let (key, value) = (self.key(rank), stall::encode(peers));
         self.with(patience, |c| match c {
             Client::Ours(c) => c.set_within(&key, &value, patience),
@@ -97,13 +107,13 @@ impl Board for StoreBoard {
         })
     }
 
-    fn peek(&self, rank: usize, patience: Duration) -> Result<Option<Vec<usize>>, String> {
+    fn peek(&self, rank: usize, patience: Duration) -> Result<Option<Vec<usize>>, NoAnswer> {
         let key = self.key(rank);
         let got = self.with(patience, |c| match c {
             Client::Ours(c) => c.peek(&key, patience),
             Client::C10d(c) => c.peek(&key, patience),
         })?;
-        got.map(|v| stall::decode(&v, self.size)).transpose()
+        got.map(|v| stall::decode(&v, self.size).map_err(|why| NoAnswer::from(why.as_str()))).transpose()
     }
 
     fn server(&self) -> Option<usize> {
@@ -140,7 +150,16 @@ mod tests {
         let store = StoreAddress::Ours { addr: listener.local_addr().unwrap().to_string(), auth };
         let board = StoreBoard::new(store, 7, 4, Some(0));
         let start = std::time::Instant::now();
-        assert!(board.post(1, &[0], Duration::from_millis(300)).is_err());
+        let e = board.post(1, &[0], Duration::from_millis(300)).unwrap_err();
+        assert!(!e.ended, "{e:?}");
         assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+        // Once nobody listens, the store's process has ended: refused at once.
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let store = StoreAddress::Ours { addr, auth: Auth::new("board-test", "k").unwrap() };
+        let start = std::time::Instant::now();
+        let e = StoreBoard::new(store, 7, 4, Some(0)).post(1, &[0], Duration::from_secs(2)).unwrap_err();
+        assert!(e.ended, "{e:?}");
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
     }
 }
