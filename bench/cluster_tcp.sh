@@ -42,9 +42,10 @@ for shape in $SHAPES; do
   XCCL_DEBUG=xccl::comm=info bash "$CLUSTER" launch "$NAME" --ranks-per-host "$rph" -- \
     "${tune[@]}" "$XCCL" bench all_reduce --sizes "$SIZES" --every-algo --target-sec 0.5 > "$OUT/xccl_$shape.txt" 2>&1
   # The probe's latency, for the simulator.
-  alpha=$(grep -o "measured: [0-9.]* µs" "$OUT/xccl_$shape.txt" | head -1 | awk '{print $2}')
+  # (A calibrated run has no probe: the tuning file gives the links.)
+  alpha=$(grep -o "measured: [0-9.]* µs" "$OUT/xccl_$shape.txt" | head -1 | awk '{print $2}' || true)
   gbit=${RATE%gbit}
-  "$XCCL" sim --topology "star:bw=$gbit,lat=0" --hosts "$hosts" --ranks-per-host "$rph" \
+  "${tune[@]}" "$XCCL" sim --topology "star:bw=$gbit,lat=0" --hosts "$hosts" --ranks-per-host "$rph" \
     --sizes "$SIZES" --alpha-us "${alpha:-50}" > "$OUT/sim_$shape.txt" 2>&1
 done
 python3 "$HERE/summarize_cluster_tcp.py" "$OUT" "$RATE" > "$OUT/summary.md"
