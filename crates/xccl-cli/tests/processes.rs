@@ -144,33 +144,31 @@ fn collectives() -> xccl::Result<()> {
 
 /// Large all-reduces in a loop; rank 2 kills itself (SIGKILL) in the middle of one.
 fn survive_a_kill() -> xccl::Result<()> {
-    let c = Communicator::from_env()?;
-    let mut v = vec![1f32; 8 << 20];
-    for i in 0..1000 {
-        if c.rank() == 2 && i == 3 {
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(20));
-                let _ =
-                    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-            });
-        }
-        c.all_reduce(&mut v, ReduceOp::Max)?;
-    }
-    Ok(())
+    survive_a_signal(2, rustix::process::Signal::KILL, 8 << 20, 1000)
 }
 
 /// Ring all-reduces in a loop; rank `XCCL_TEST_VICTIM` stops itself (SIGSTOP) in the middle
 /// of one, so that most survivors wait for a rank that waits in turn.
 fn survive_a_stop() -> xccl::Result<()> {
     let victim: usize = std::env::var("XCCL_TEST_VICTIM").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    survive_a_signal(victim, rustix::process::Signal::STOP, 1 << 16, 100_000)
+}
+
+/// All-reduces of `len` elements, `iters` of them; rank `victim` sends itself `signal` during
+/// the fourth.
+fn survive_a_signal(
+    victim: usize,
+    signal: rustix::process::Signal,
+    len: usize,
+    iters: usize,
+) -> xccl::Result<()> {
     let c = Communicator::from_env()?;
-    let mut v = vec![1f32; 1 << 16];
-    for i in 0..100_000 {
+    let mut v = vec![1f32; len];
+    for i in 0..iters {
         if c.rank() == victim && i == 3 {
-            std::thread::spawn(|| {
+            std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(20));
-                let _ =
-                    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+                let _ = rustix::process::kill_process(rustix::process::getpid(), signal);
             });
         }
         c.all_reduce(&mut v, ReduceOp::Max)?;
