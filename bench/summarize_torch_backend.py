@@ -1,5 +1,6 @@
 """Table of bench/torch_backend.sh's results: torch.distributed.all_reduce through "xccl" and
-"gloo" (same processes) and xccl's native `xccl bench`; DDP training on each backend.
+"gloo" (same processes) and xccl's native `xccl bench`; ProcessGroupXCCL from C++; the C API
+against the Rust call; DDP training on each backend.
 
     python3 bench/summarize_torch_backend.py target/bench/torch_backend
 
@@ -28,7 +29,50 @@ def native_rows(path):
     return rows
 
 
+def spread(xs, fmt="{:.3f}"):
+    """median (min-max, n) of xs."""
+    if not xs:
+        return "-"
+    return f"{fmt.format(median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))}, n={len(xs)})"
+
+
+def latencies(out):
+    """The 8 B figures: the Rust call (`xccl bench`), the C API, c10d from C++, one per launch."""
+    rust, capi, c10d = [], [], {}
+    for path in sorted(glob.glob(os.path.join(out, "rust_8B_*.txt"))):
+        rust += [r["us"] for r in [native_rows_one(line) for line in open(path)] if r]
+    for path in sorted(glob.glob(os.path.join(out, "capi_8B_*.txt"))):
+        capi += [float(line.split()[-2]) for line in open(path) if "capi all_reduce" in line]
+    for path in sorted(glob.glob(os.path.join(out, "c10d_*.txt"))):
+        for line in open(path):
+            if line.split()[1:2] and "c10d" in line:
+                f = line.split()
+                f = f[1:] if f[0].startswith("[") else f
+                c10d.setdefault(f[1], []).append(float(f[-2]))
+    if not (rust or capi or c10d):
+        return
+    print("| 8 B all-reduce, 2 ranks | µs: median (min-max, launches) |")
+    print("|---|---|")
+    print(f"| Rust `Communicator::all_reduce_into` (`xccl bench`) | {spread(rust)} |")
+    print(f"| C API `xcclAllReduce` | {spread(capi)} |")
+    for mode, xs in sorted(c10d.items()):
+        print(f"| c10d `ProcessGroupXCCL::allreduce` from C++ ({mode}) | {spread(xs)} |")
+    if rust and capi:
+        print(f"\nC API / Rust (medians): {median(capi) / median(rust):.3f}")
+    print()
+
+
+def native_rows_one(line):
+    f = line.split()
+    if f and f[0].startswith("["):
+        f = f[1:]
+    if len(f) >= 8 and f[0].isdigit():
+        return {"bytes": int(f[0]), "us": float(f[5])}
+    return None
+
+
 def main(out):
+    latencies(out)
     coll = {}
     for path in sorted(glob.glob(os.path.join(out, "collectives_*.json"))):
         for r in json.load(open(path))["rows"]:

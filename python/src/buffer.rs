@@ -15,55 +15,6 @@ use xccl::{Buffer, DType, Element};
 
 use crate::error::invalid;
 
-/// Runs `$body` with the type alias `$T` set to the Rust element type of `$dtype`.
-macro_rules! with_element {
-    ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            xccl::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            xccl::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            xccl::DType::F16 => {
-                type $T = xccl::f16;
-                $body
-            }
-            xccl::DType::BF16 => {
-                type $T = xccl::bf16;
-                $body
-            }
-            xccl::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            xccl::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            xccl::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            xccl::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            xccl::DType::U32 => {
-                type $T = u32;
-                $body
-            }
-            xccl::DType::U64 => {
-                type $T = u64;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use with_element;
-
 /// The names `dtype=` accepts, for messages.
 const DTYPES: &str = "float32 float64 float16 bfloat16 int8 int32 int64 uint8 uint32 uint64";
 

@@ -38,7 +38,9 @@ pub(crate) enum Two {
     AllToAll,
     AllToAllV { send: Vec<usize>, recv: Vec<usize> },
     Gather { root: usize },
+    GatherV { counts: Vec<usize>, root: usize },
     Scatter { root: usize },
+    ScatterV { counts: Vec<usize>, root: usize },
 }
 
 impl One {
@@ -93,7 +95,9 @@ impl Two {
             Two::AllToAll => comm.all_to_all(i, o),
             Two::AllToAllV { send, recv } => comm.all_to_all_v(i, send, o, recv),
             Two::Gather { root } => comm.gather(i, o, *root),
+            Two::GatherV { counts, root } => comm.gather_v(i, o, counts, *root),
             Two::Scatter { root } => comm.scatter(i, o, *root),
+            Two::ScatterV { counts, root } => comm.scatter_v(i, o, counts, *root),
         }
     }
 
@@ -114,7 +118,9 @@ impl Two {
             Two::AllToAll => Box::new(comm.all_to_all_async(i, o)),
             Two::AllToAllV { send, recv } => Box::new(comm.all_to_all_v_async(i, send, o, recv)),
             Two::Gather { root } => Box::new(comm.gather_async(i, o, *root)),
+            Two::GatherV { counts, root } => Box::new(comm.gather_v_async(i, o, counts, *root)),
             Two::Scatter { root } => Box::new(comm.scatter_async(i, o, *root)),
+            Two::ScatterV { counts, root } => Box::new(comm.scatter_v_async(i, o, counts, *root)),
         }
     }
 }

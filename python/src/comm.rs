@@ -8,9 +8,9 @@
 use std::mem::ManuallyDrop;
 
 use pyo3::prelude::*;
-use xccl::{Communicator, ReduceOp};
+use xccl::{Communicator, ReduceOp, with_element};
 
-use crate::buffer::{Held, Input, Lent, dtype_name, export, parse_dtype, with_element};
+use crate::buffer::{Held, Input, Lent, dtype_name, export, parse_dtype};
 use crate::calls::{One, Two};
 use crate::error::{invalid, to_py};
 use crate::work::Work;
@@ -256,8 +256,9 @@ impl PyCommunicator {
     /// `set(key, bytes)`, `get(key) -> bytes` (blocking until the key is set) and
     /// `add(key, int) -> int`, such as a `torch.distributed.Store`. Every rank of the group
     /// passes its own store object of the same store; no other group may use its keys.
-    /// Peers connect to this rank at `local_ip` (default: the loopback address, for groups
-    /// on one machine); `timeout` (seconds) bounds the wait for the others.
+    /// Peers connect to this rank at `local_ip` (default: the address this host's name
+    /// resolves to); `timeout` (seconds) bounds the wait for the others. Links prove
+    /// `XCCL_SECRET` where it is set, else a secret the group draws and shares through `store`.
     #[staticmethod]
     #[pyo3(signature = (store, rank, size, timeout=300.0, local_ip=None))]
     fn from_store(
@@ -279,7 +280,7 @@ impl PyCommunicator {
             ));
         }
         let ip = match local_ip {
-            None => std::net::IpAddr::from([127, 0, 0, 1]),
+            None => xccl::bootstrap::group::listen_ip(None).map_err(|e| to_py(py, &e))?,
             Some(s) => {
                 s.parse().map_err(|_| invalid(py, API, format!("local_ip '{s}' is not an IP address")))?
             }
@@ -642,6 +643,46 @@ impl PyCommunicator {
         )
     }
 
+    /// `gather` with uneven inputs: rank i contributes `counts[i]` elements; every rank
+    /// passes the same `counts`, and the root's `output` holds their sum. `output` may be
+    /// None off the root.
+    #[pyo3(signature = (input, output, counts, root, *, dtype=None))]
+    fn gather_v(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        counts: Vec<i64>,
+        root: i64,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
+        const API: &str = "gather_v";
+        let call = Two::GatherV {
+            counts: self::counts(py, API, "counts", counts)?,
+            root: index(py, API, "root", root)?,
+        };
+        self.two(py, API, call, Some(input), output, dtype)
+    }
+
+    /// Asynchronous `gather_v`.
+    #[pyo3(signature = (input, output, counts, root, *, dtype=None))]
+    fn gather_v_async(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        counts: Vec<i64>,
+        root: i64,
+        dtype: Option<&str>,
+    ) -> PyResult<Work> {
+        const API: &str = "gather_v_async";
+        let call = Two::GatherV {
+            counts: self::counts(py, API, "counts", counts)?,
+            root: index(py, API, "root", root)?,
+        };
+        self.two_async(py, API, call, Some(input), output, dtype)
+    }
+
     /// Splits the root's `input` (size blocks of len(output) elements) so that rank i gets
     /// block i in `output`; `input` may be None off the root.
     #[pyo3(signature = (input, output, root, *, dtype=None))]
@@ -676,6 +717,46 @@ impl PyCommunicator {
             Some(output),
             dtype,
         )
+    }
+
+    /// `scatter` with uneven blocks: the root's `input` holds size blocks, block i of
+    /// `counts[i]` elements, and rank i gets block i in `output` (`counts[i]` elements);
+    /// every rank passes the same `counts`. `input` may be None off the root.
+    #[pyo3(signature = (input, output, counts, root, *, dtype=None))]
+    fn scatter_v(
+        &self,
+        py: Python<'_>,
+        input: Option<&Bound<'_, PyAny>>,
+        output: &Bound<'_, PyAny>,
+        counts: Vec<i64>,
+        root: i64,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
+        const API: &str = "scatter_v";
+        let call = Two::ScatterV {
+            counts: self::counts(py, API, "counts", counts)?,
+            root: index(py, API, "root", root)?,
+        };
+        self.two(py, API, call, input, Some(output), dtype)
+    }
+
+    /// Asynchronous `scatter_v`.
+    #[pyo3(signature = (input, output, counts, root, *, dtype=None))]
+    fn scatter_v_async(
+        &self,
+        py: Python<'_>,
+        input: Option<&Bound<'_, PyAny>>,
+        output: &Bound<'_, PyAny>,
+        counts: Vec<i64>,
+        root: i64,
+        dtype: Option<&str>,
+    ) -> PyResult<Work> {
+        const API: &str = "scatter_v_async";
+        let call = Two::ScatterV {
+            counts: self::counts(py, API, "counts", counts)?,
+            root: index(py, API, "root", root)?,
+        };
+        self.two_async(py, API, call, input, Some(output), dtype)
     }
 
     /// Returns once every rank has called `barrier`.

@@ -10,6 +10,11 @@
 //! | `work.rs` | `Work`: an asynchronous operation and the buffers it borrowed |
 //! | `error.rs` | the exception classes and how each `xccl::Error` maps to one |
 //!
+//! The module also exports xccl's C API (`xcclAllReduce`, ... of `xccl::capi`, the
+//! functions of `xccl.h`): the package's native PyTorch backend (`xccl/csrc/`, compiled
+//! against the installed torch) links to this file and calls them, so one copy of xccl serves
+//! both.
+//!
 //! Built by maturin into one abi3 wheel (Python 3.11 and later: the buffer protocol is in
 //! the limited API from 3.11); see `python/README.md`.
 
@@ -21,6 +26,9 @@ mod store;
 mod work;
 
 use pyo3::prelude::*;
+
+/// The C API, exported from the extension module for the native PyTorch backend.
+pub use xccl::capi::*;
 
 /// The native module (`xccl/__init__.py` re-exports it).
 #[pymodule]

@@ -1,14 +1,15 @@
 //! `Communicator.from_store`: ranks meet through a key-value store the Python program
 //! brings, such as the store PyTorch hands to each process group (`torch.distributed.Store`:
 //! `set`, a blocking `get`, `add`), so every group gets its own communicator without any
-//! variables.
+//! variables. Who may join is `xccl::bootstrap::group`'s rule: `XCCL_SECRET` where set, else
+//! a secret the group draws and shares through the store.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use xccl::bootstrap::{Auth, KeyValue, Rendezvous};
+use xccl::bootstrap::{KeyValue, Rendezvous, group};
 use xccl::{Communicator, Config, Error, Result};
 
 /// A Python object with `set(key, bytes)`, `get(key) -> bytes` (blocking until the key is
@@ -38,8 +39,7 @@ impl KeyValue for PyStore {
     }
 }
 
-/// Rank `rank` of `size` joins the group whose store is `store`, listening on `ip`. Rank 0
-/// draws the group's job id and publishes it, so groups sharing a store never mix.
+/// Rank `rank` of `size` joins the group whose store is `store`, listening on `ip`.
 pub(crate) fn connect(
     store: Py<PyAny>,
     rank: usize,
@@ -48,16 +48,7 @@ pub(crate) fn connect(
     ip: IpAddr,
 ) -> Result<Communicator> {
     let mut store = PyStore { store };
-    const JOB: &str = "xccl/job";
-    let job = if rank == 0 {
-        let mut b = [0u8; 12];
-        getrandom::fill(&mut b).map_err(|e| Error::Config(format!("no randomness for a job id: {e}")))?;
-        let job = format!("py-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
-        store.set(JOB, job.as_bytes())?;
-        job
-    } else {
-        String::from_utf8_lossy(&store.get(JOB)?).into_owned()
-    };
-    let rv = Rendezvous::for_store(rank, size, Auth::new(job, Vec::new())?, timeout)?;
+    let auth = group::store_auth(&mut store, rank, group::env_secret())?;
+    let rv = Rendezvous::for_store(rank, size, auth, timeout)?;
     Communicator::connect_with_store(&rv, &mut store, ip, Config::from_env()?)
 }

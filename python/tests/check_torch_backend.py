@@ -6,11 +6,15 @@ every call. Each torch.distributed call the backend serves is made on both group
 same inputs, for several dtypes, and the results must be equal (exactly for integers and
 for data movement; for floating-point reductions to the rounding of a different summation
 order). Then a sub-group from `new_group`, asynchronous calls with futures, and the errors
-of calls xccl does not serve. Prints "ok <rank>" at the end; any failure raises.
+of calls xccl does not serve, and a `Work.wait(timeout)` that times out (the group is aborted
+and the peer's next call on it fails naming this rank). Prints "ok <rank>" at the end; any
+failure raises.
 """
 
 import os
 import sys
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -174,6 +178,27 @@ def main():
             assert call in str(e) and "xccl" in str(e), f"{call}: {e}"
         else:
             raise AssertionError(f"{call} did not raise")
+    # Work.wait(timeout) honours its timeout: a receive nobody sends times out, the group's
+    # communicator is aborted, and the peer's next call on that group fails naming rank 0.
+    pair = dist.new_group([0, 1], backend="xccl")
+    if rank == 0:
+        w = dist.irecv(torch.zeros(3), src=1, group=pair)
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=timedelta(milliseconds=300))
+        except Exception as e:  # noqa: BLE001
+            assert "timed out" in str(e) and "aborted" in str(e), f"wait(timeout): {e}"
+        else:
+            raise AssertionError("a receive nobody sent completed")
+        assert time.monotonic() - t0 < 10, "wait(timeout) took far longer than its timeout"
+    dist.barrier(group=GLOO)
+    if rank == 1:
+        try:
+            dist.all_reduce(torch.ones(1), group=pair)
+        except Exception as e:  # noqa: BLE001
+            assert "rank 0" in str(e) and "timed out" in str(e), f"the peer of an aborted group: {e}"
+        else:
+            raise AssertionError("a call on a group aborted by rank 0 succeeded")
     dist.barrier()
     print(f"rank {rank}: torch backend ok", flush=True)
     dist.destroy_process_group()

@@ -75,8 +75,10 @@ class Communicator:
     ) -> Communicator:
         """Rank `rank` of `size`, meeting through `store` (an object with `set(key, bytes)`,
         a blocking `get(key) -> bytes` and `add(key, int) -> int`, e.g. a
-        `torch.distributed.Store`); peers connect to this rank at `local_ip` (default
-        127.0.0.1); `timeout` seconds bound the wait for the others."""
+        `torch.distributed.Store`); peers connect to this rank at `local_ip` (default: the
+        address this host's name resolves to); `timeout` seconds bound the wait for the
+        others. Links prove `XCCL_SECRET` where it is set, else a secret the group draws and
+        shares through `store`."""
     @staticmethod
     def local(n: int) -> list[Communicator]:
         """`n` ranks as threads of this process: hand one communicator to each Python
@@ -159,11 +161,31 @@ class Communicator:
         may be None off the root."""
     def gather_async(self, input: Any, output: Optional[Any], root: int, *, dtype: Optional[str] = None) -> Work:
         """Asynchronous `gather`."""
+    def gather_v(
+        self, input: Any, output: Optional[Any], counts: list[int], root: int, *, dtype: Optional[str] = None
+    ) -> None:
+        """`gather` with uneven inputs: rank i contributes `counts[i]` elements; every rank
+        passes the same `counts`, and the root's `output` holds their sum. `output` may be
+        None off the root."""
+    def gather_v_async(
+        self, input: Any, output: Optional[Any], counts: list[int], root: int, *, dtype: Optional[str] = None
+    ) -> Work:
+        """Asynchronous `gather_v`."""
     def scatter(self, input: Optional[Any], output: Any, root: int, *, dtype: Optional[str] = None) -> None:
         """Splits the root's `input` (size blocks of len(output) elements) so that rank i gets
         block i in `output`; `input` may be None off the root."""
     def scatter_async(self, input: Optional[Any], output: Any, root: int, *, dtype: Optional[str] = None) -> Work:
         """Asynchronous `scatter`."""
+    def scatter_v(
+        self, input: Optional[Any], output: Any, counts: list[int], root: int, *, dtype: Optional[str] = None
+    ) -> None:
+        """`scatter` with uneven blocks: the root's `input` holds size blocks, block i of
+        `counts[i]` elements, and rank i gets block i in `output` (`counts[i]` elements);
+        every rank passes the same `counts`. `input` may be None off the root."""
+    def scatter_v_async(
+        self, input: Optional[Any], output: Any, counts: list[int], root: int, *, dtype: Optional[str] = None
+    ) -> Work:
+        """Asynchronous `scatter_v`."""
     def barrier(self) -> None:
         """Returns once every rank has called `barrier`."""
     def barrier_async(self) -> Work:

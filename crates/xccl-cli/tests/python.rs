@@ -69,6 +69,14 @@ fn setup() -> &'static Result<Setup, String> {
                 std::fs::copy(&path, pkg.join(name)).map_err(|e| format!("{}: {e}", path.display()))?;
             }
         }
+        // The native PyTorch backend's sources, compiled on first use.
+        let csrc = pkg.join("csrc");
+        std::fs::create_dir_all(&csrc).map_err(|e| format!("{}: {e}", csrc.display()))?;
+        for entry in std::fs::read_dir(sources.join("csrc")).map_err(|e| format!("csrc: {e}"))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let name = path.file_name().ok_or("a source without a name")?;
+            std::fs::copy(&path, csrc.join(name)).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
         std::fs::copy(extension()?, pkg.join("_xccl.abi3.so")).map_err(|e| e.to_string())?;
         Ok(Setup { python, pythonpath: root })
     })

@@ -116,6 +116,17 @@ pub enum Error {
         /// MPI's description of the code (`MPI_Error_string`).
         detail: String,
     },
+    /// The program aborted the communicator ([`Communicator::abort`](crate::Communicator::abort)):
+    /// its operations in progress and all later ones fail, and its peers are told.
+    #[error("{op}: rank {rank} aborted the communicator: {reason}")]
+    Cancelled {
+        /// The operation in progress (or the one issued after the abort).
+        op: String,
+        /// The rank whose program aborted.
+        rank: usize,
+        /// The program's reason.
+        reason: String,
+    },
     /// The communicator failed earlier and can no longer be used; the original error.
     #[error("communicator unusable after an earlier failure: {0}")]
     Aborted(Box<Error>),
@@ -140,6 +151,7 @@ impl Error {
         match self {
             Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
             Error::RemoteAbort { origin, .. } => Some(*origin),
+            Error::Cancelled { rank, .. } => Some(*rank),
             Error::Timeout { silent, .. } => silent.first().copied(),
             Error::Aborted(inner) => inner.culprit(),
             _ => None,

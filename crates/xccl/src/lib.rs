@@ -55,6 +55,8 @@
 
 pub mod algo;
 pub mod bootstrap;
+#[cfg(feature = "capi")]
+pub mod capi;
 mod coll;
 mod comm;
 mod config;

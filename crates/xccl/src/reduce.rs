@@ -201,59 +201,12 @@ fn typed_mut<T: Element>(b: &mut [u8]) -> Result<&mut [T]> {
         .map_err(|e| Error::Internal(format!("{} view of {len} bytes at {ptr:p}: {e:?}", T::DTYPE)))
 }
 
-macro_rules! by_dtype {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::F16 => {
-                type $t = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = bf16;
-                $body
-            }
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-            DType::U64 => {
-                type $t = u64;
-                $body
-            }
-        }
-    };
-}
-
 /// `dst = dst ⊕ src` over raw bytes holding `dtype` elements.
 pub(crate) fn combine(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
     if dst.len() != src.len() {
         return Err(Error::Internal(format!("combine of {} and {} bytes", dst.len(), src.len())));
     }
-    by_dtype!(dtype, T => combine_typed::<T>(op, typed_mut(dst)?, typed(src)?));
+    crate::with_element!(dtype, T => combine_typed::<T>(op, typed_mut(dst)?, typed(src)?));
     Ok(())
 }
 
@@ -267,7 +220,7 @@ pub(crate) fn combine_into(dtype: DType, op: ReduceOp, dst: &mut [u8], a: &[u8],
             b.len()
         )));
     }
-    by_dtype!(dtype, T => combine_into_typed::<T>(op, typed_mut(dst)?, typed(a)?, typed(b)?));
+    crate::with_element!(dtype, T => combine_into_typed::<T>(op, typed_mut(dst)?, typed(a)?, typed(b)?));
     Ok(())
 }
 
@@ -331,7 +284,7 @@ fn stream_copy(dst: &mut [u8], src: &[u8]) {
 
 /// Applies the final step of `op` to a fully combined result (`Avg` divides by `nranks`).
 pub(crate) fn finalize(dtype: DType, op: ReduceOp, buf: &mut [u8], nranks: usize) -> Result<()> {
-    by_dtype!(dtype, T => finalize_typed::<T>(op, typed_mut(buf)?, nranks));
+    crate::with_element!(dtype, T => finalize_typed::<T>(op, typed_mut(buf)?, nranks));
     Ok(())
 }
 

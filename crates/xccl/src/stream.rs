@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -77,6 +77,8 @@ struct Shared {
     engine_poisoned: AtomicBool,
     /// Wakes the engine out of a wait when work is issued to a running batch.
     waker: Waker,
+    /// The engine's abort post ([`Stream::abort`]).
+    cancel: Arc<OnceLock<String>>,
     /// Spans of finished operations, while recording.
     timeline: Mutex<Option<Vec<OpSpan>>>,
     /// Whether spans are recorded: clocks are read only then.
@@ -237,6 +239,7 @@ impl Stream {
             queue: Mutex::new(Queue { jobs: VecDeque::new(), busy: false, next_seq: 0, closing: None }),
             cv: Condvar::new(),
             waker: engine.waker(),
+            cancel: engine.cancel_handle(),
             engine: UnsafeCell::new(engine),
             flight: UnsafeCell::new(flight),
             engine_poisoned: AtomicBool::new(false),
@@ -315,9 +318,22 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Aborts the communicator from any thread: the operation in progress fails at its next
+    /// wait (it is woken), every later one fails at once, and the peers are told, naming this
+    /// rank and `reason`. The first reason given is kept.
+    pub fn abort(&self, reason: &str) {
+        let _ = self.shared.cancel.set(reason.to_string());
+        self.shared.waker.wake();
+        self.shared.cv.notify_one();
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
-        let farewell = if std::thread::panicking() {
+        let farewell = if let Some(reason) = self.shared.cancel.get() {
+            Farewell::Abort { origin: self.rank, reason: format!("rank {}: aborted: {reason}", self.rank) }
+        } else if std::thread::panicking() {
             Farewell::Abort {
                 origin: self.rank,
                 reason: format!("rank {}: its thread panicked while holding the communicator", self.rank),

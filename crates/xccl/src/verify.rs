@@ -13,8 +13,9 @@
 //! stops the run with the ranks stuck and what they wait for. At the end no message may be
 //! left unread and every rank's output must hold exactly what the collective promises:
 //! all-reduce, every contribution exactly once; reduce-scatter (even or uneven blocks), block
-//! `i` fully reduced on rank `i`; all-gather, every block from its owner; barrier, every rank heard (transitively)
-//! from every other; and so on.
+//! `i` fully reduced on rank `i`; all-gather and gather (even or uneven), every block from its
+//! owner; scatter (even or uneven), block `i` of the root's input on rank `i`; barrier, every
+//! rank heard (transitively) from every other; and so on.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -368,6 +369,8 @@ fn buffer_lengths(case: &Case, n: usize) -> (Vec<usize>, Vec<usize>) {
                 Some(m) => (m[r].iter().sum(), (0..n).map(|s| m[s][r]).sum()),
                 None => (count * n, count * n),
             },
+            (K::Scatter, Shape::Scatter(b)) => (if r == case.root { b.total() } else { 0 }, b.len_of(r)),
+            (K::Gather, Shape::Gather(b)) => (b.len_of(r), if r == case.root { b.total() } else { 0 }),
             (K::Scatter, _) => (if r == case.root { count * n } else { 0 }, count),
             (K::Gather, _) => (count, if r == case.root { count * n } else { 0 }),
             _ => (0, 0),
@@ -407,15 +410,17 @@ fn check_postcondition(case: &Case, ranks: &[RankState], shapes: &[Shape]) -> Re
                 (0..count).try_for_each(|i| expect(r, i, &out[i], &single(r, i)))?
             }
             K::Reduce => {}
-            K::ReduceScatter => {
-                // Block `r` of the input, every rank's contribution exactly once.
+            K::ReduceScatter | K::Scatter => {
+                // Block `r` of the input: every rank's contribution exactly once, or the root's.
                 let block = match &case.shape {
                     Shape::Scatter(b) => b.region(Buf::Input, r),
                     _ => Region::new(Buf::Input, r * count, count),
                 };
-                (0..block.len).try_for_each(|i| expect(r, i, &out[i], &all_of(n, block.off + i)))?
+                let want = |i| if case.kind == K::Scatter { single(case.root, i) } else { all_of(n, i) };
+                (0..block.len).try_for_each(|i| expect(r, i, &out[i], &want(block.off + i)))?
             }
-            K::AllGather => {
+            K::Gather if r != case.root => {}
+            K::AllGather | K::Gather => {
                 let blocks = match &case.shape {
                     Shape::Gather(b) => b.clone(),
                     _ => Blocks::uniform(count, n),
@@ -445,13 +450,6 @@ fn check_postcondition(case: &Case, ranks: &[RankState], shapes: &[Shape]) -> Re
                         .try_for_each(|j| expect(r, reg.off + j, &out[reg.off + j], &single(s, from + j)))?;
                 }
             }
-            K::Scatter => {
-                (0..count).try_for_each(|i| expect(r, i, &out[i], &single(case.root, r * count + i)))?
-            }
-            K::Gather if r == case.root => {
-                (0..count * n).try_for_each(|i| expect(r, i, &out[i], &single(i / count, i % count)))?
-            }
-            K::Gather => {}
             K::Barrier => {
                 if let Some(q) = st.heard.iter().position(|h| !h) {
                     return Err(format!("rank {r} left the barrier without hearing from rank {q}"));
@@ -505,18 +503,19 @@ pub fn cases(kind: CollKind, algo: Algorithm, n: usize) -> Vec<Case> {
             out.push(base(0, shape, false));
         }
     }
-    if kind == K::ReduceScatter {
+    if matches!(kind, K::ReduceScatter | K::Scatter | K::Gather) {
         // Uneven blocks with empty ones among them, then every block empty but one (ranks
-        // that send and receive nothing), then every block empty.
+        // that send and receive nothing), then every block empty; for every root.
         let layouts = [
             (0..n).map(|i| (i * 7 + 3) % 5).collect::<Vec<_>>(),
             (0..n).map(|i| if i == n / 2 { 2 * n + 3 } else { 0 }).collect(),
             vec![0; n],
         ];
-        for counts in layouts {
-            let shape = Shape::Scatter(Blocks::from_counts(&counts));
+        for (&root, counts) in roots.iter().flat_map(|r| layouts.iter().map(move |c| (r, c))) {
+            let blocks = Blocks::from_counts(counts);
+            let shape = if kind == K::Gather { Shape::Gather(blocks) } else { Shape::Scatter(blocks) };
             if algo.supports(kind, n, &shape) {
-                out.push(base(0, shape, false));
+                out.push(base(root, shape, false));
             }
         }
     }

@@ -118,7 +118,7 @@ impl Completion {
     }
 
     /// Blocks until done or until `timeout` has passed; whether it is done.
-    fn wait_for(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_for(&self, timeout: Duration) -> bool {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let (s, _) = self
             .cv
@@ -156,6 +156,12 @@ impl<B: Send + 'static> Work<B> {
     /// Whether the operation has completed (successfully or not).
     pub fn is_completed(&self) -> bool {
         self.done.is_done()
+    }
+
+    /// The operation's completion slot, for handles that outlive the typed `Work` (the C API).
+    #[cfg(feature = "capi")]
+    pub(crate) fn completion(&self) -> Arc<Completion> {
+        self.done.clone()
     }
 
     /// Blocks until the operation has completed or `timeout` has passed, and says whether

@@ -39,14 +39,14 @@ fn broadcast_reaches_every_rank_from_every_root() {
 }
 
 #[test]
-fn all_gather_gather_and_uneven_all_gather() {
+fn all_gather_and_gather_even_and_uneven_for_every_root() {
     for n in 1..=8 {
         on_ranks(n, test_config(), |c| every_dtype!(gather_forms, c));
     }
 }
 
 #[test]
-fn scatter_from_every_root() {
+fn scatter_even_and_uneven_from_every_root() {
     for n in 1..=8 {
         on_ranks(n, test_config(), |c| every_dtype!(scatter_forms, c));
     }
@@ -170,6 +170,83 @@ fn wrong_arguments_are_reported_not_panicked() {
     });
 }
 
+#[test]
+fn uneven_gather_and_scatter_refuse_wrong_arguments_on_every_rank_before_communicating() {
+    for n in 1..=5 {
+        on_ranks(n, test_config(), |c| {
+            let r = c.rank();
+            let counts: Vec<usize> = (0..n).map(|k| k % 3 * 2).collect();
+            let total: usize = counts.iter().sum();
+            let message = |e: xccl::Error| e.to_string();
+            for root in 0..n {
+                let mine = vec![1i32; counts[r]];
+                let mut all = vec![0i32; total];
+                // Counts of the wrong length, on every rank.
+                let e = message(c.gather_v(&mine, &mut all, &counts[1..], root).unwrap_err());
+                let want = format!("gather_v: counts has {} entries, expected {n} (one per rank)", n - 1);
+                assert!(e.contains(&want), "{e}");
+                let e = message(c.scatter_v(&all, &mut all.clone()[..counts[r]], &[1; 7], root).unwrap_err());
+                assert!(e.contains("scatter_v: counts has 7 entries"), "{e}");
+                // This rank's input (gather_v) or output (scatter_v) of the wrong length: every
+                // rank checks its own, the non-roots included.
+                let wrong = vec![1i32; counts[r] + 1];
+                let e = message(c.gather_v(&wrong, &mut all, &counts, root).unwrap_err());
+                let want = format!(
+                    "gather_v: the input has {} elements, expected {} (counts[{r}], this rank's)",
+                    counts[r] + 1,
+                    counts[r]
+                );
+                assert!(e.contains(&want), "{e}");
+                let e = message(c.scatter_v(&all, &mut wrong.clone(), &counts, root).unwrap_err());
+                assert!(e.contains("scatter_v: the output has") && e.contains("this rank's"), "{e}");
+                let e = c.gather_v_async(wrong.clone(), vec![0i32; total], &counts, root).wait();
+                assert!(message(e.unwrap_err()).contains("gather_v: the input has"));
+                let e = c.scatter_v_async(all.clone(), wrong, &counts, root).wait();
+                assert!(message(e.unwrap_err()).contains("scatter_v: the output has"));
+                // Counts that overflow (checked before this rank's block).
+                if n > 1 {
+                    let huge = vec![usize::MAX; n];
+                    let e = message(c.gather_v(&mine, &mut all, &huge, root).unwrap_err());
+                    assert!(e.contains("gather_v: counts add up to more elements than memory"), "{e}");
+                    let e = message(c.scatter_v(&all, &mut all.clone(), &huge, root).unwrap_err());
+                    assert!(e.contains("scatter_v: counts add up to more elements than memory"), "{e}");
+                }
+                // The root's output (gather_v) or input (scatter_v) of the wrong length: only the
+                // root checks it, so only the root calls.
+                if r == root {
+                    let e =
+                        message(c.gather_v(&mine, &mut vec![0i32; total + 2], &counts, root).unwrap_err());
+                    let want = format!(
+                        "gather_v: the root's output has {} elements, expected {total} (the sum of counts)",
+                        total + 2
+                    );
+                    assert!(e.contains(&want), "{e}");
+                    let e = message(
+                        c.scatter_v(&vec![0i32; total + 1], &mut vec![0i32; counts[r]], &counts, root)
+                            .unwrap_err(),
+                    );
+                    assert!(e.contains("scatter_v: the root's input has"), "{e}");
+                }
+            }
+            // A root outside the group.
+            let mut all = vec![0u8; 2 * n];
+            let e = message(c.gather_v(&[7u8; 2], &mut all, &vec![2; n], n).unwrap_err());
+            assert!(e.contains(&format!("gather_v: root {n} is outside this group of {n} ranks")), "{e}");
+            let e = c.scatter_v_async(all.clone(), vec![0u8; 2], &vec![2; n], n + 3).wait();
+            assert!(message(e.unwrap_err()).contains(&format!("scatter_v: root {}", n + 3)));
+            // Nothing was sent: the communicator still works, with the same buffers.
+            let root = n - 1;
+            c.gather_v(&[r as u8; 2], &mut all, &vec![2; n], root).unwrap();
+            if r == root {
+                assert_eq!(all, (0..2 * n).map(|i| (i / 2) as u8).collect::<Vec<_>>());
+            }
+            let mut mine = [0u8; 2];
+            c.scatter_v(&all, &mut mine, &vec![2; n], root).unwrap();
+            assert_eq!(mine, [r as u8; 2]);
+        });
+    }
+}
+
 /// Runs one collective of `kind` with `len` elements per block on every rank and checks it.
 fn run_and_check<T: Small>(c: &Communicator, kind: CollKind, len: usize, root: usize, what: &str) {
     let (n, r) = (c.size(), c.rank());
@@ -219,6 +296,25 @@ fn run_and_check<T: Small>(c: &Communicator, kind: CollKind, len: usize, root: u
             c.broadcast(&mut v, root).unwrap();
             assert_each(&v, |i| val(op, root, i, 10), what);
         }
+        CollKind::Gather => {
+            let mut out = vec![T::small(0); if r == root { len * n } else { 0 }];
+            c.gather(&input::<T>(op, r, len, 14), &mut out, root).unwrap();
+            if r == root {
+                assert_each(&out, |k| val(op, k / len.max(1), k % len.max(1), 14), what);
+            }
+            for counts in uneven_counts(len, n, root) {
+                gather_v_form::<T>(c, &counts, root, 15);
+            }
+        }
+        CollKind::Scatter => {
+            let mut out = vec![T::small(0); len];
+            let inp = if r == root { input::<T>(op, root, len * n, 16) } else { Vec::new() };
+            c.scatter(&inp, &mut out, root).unwrap();
+            assert_each(&out, |i| val(op, root, r * len + i, 16), what);
+            for counts in uneven_counts(len, n, root) {
+                scatter_v_form::<T>(c, &counts, root, 17);
+            }
+        }
         CollKind::AllToAll => {
             let code = |s: usize, d: usize, i: usize| T::small(((s * 13 + d * 5 + i) % 90) as i64);
             let inp: Vec<T> = (0..len * n).map(|k| code(r, k / len.max(1), k % len.max(1))).collect();
@@ -240,6 +336,8 @@ fn every_algorithm_matches_the_reference() {
         CollKind::ReduceScatter,
         CollKind::Broadcast,
         CollKind::AllToAll,
+        CollKind::Gather,
+        CollKind::Scatter,
     ] {
         for &algo in Algorithm::for_collective(kind) {
             for n in [1, 2, 3, 4, 5, 7, 8] {
@@ -273,6 +371,8 @@ fn every_protocol_matches_the_reference() {
             CollKind::ReduceScatter,
             CollKind::Broadcast,
             CollKind::AllToAll,
+            CollKind::Gather,
+            CollKind::Scatter,
         ] {
             for n in [2, 3, 5] {
                 let mut config = test_config();

@@ -105,6 +105,10 @@ fn subset(c: &Communicator) {
     let mut all = vec![0u32; if r == 0 { block * n } else { 0 }];
     c.gather(&input::<u32>(ReduceOp::Sum, r, block, 7), &mut all, 0).unwrap();
     assert!(all.iter().enumerate().all(|(k, x)| *x == val::<u32>(ReduceOp::Sum, k / block, k % block, 7)));
+    // Uneven, with an empty block: messages of every protocol's size, one way.
+    let counts: Vec<usize> = (0..n).map(|k| [block, 0, 1_300_001, 7][k % 4]).collect();
+    forms::scatter_v_form::<u32>(c, &counts, n - 1, 10);
+    forms::gather_v_form::<f32>(c, &counts, 0, 11);
     let s = c.isend(vec![r as f64; 300_000], (r + 1) % n, 1);
     let got = c.irecv(vec![0f64; 300_000], (r + n - 1) % n, 1).wait().unwrap();
     assert!(got.iter().all(|x| *x == ((r + n - 1) % n) as f64));

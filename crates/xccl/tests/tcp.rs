@@ -98,6 +98,13 @@ fn collectives_over_tcp_match_the_reference() {
                 let mut out = vec![0i32; len * n];
                 c.all_to_all(&inp, &mut out).unwrap();
                 assert!(out.iter().enumerate().all(|(k, x)| *x == ((k / len.max(1)) * 1000 + r) as i32));
+                // Uneven gather and scatter, with empty blocks, from and to every root.
+                for root in 0..n {
+                    for counts in forms::uneven_counts(len, n, root) {
+                        forms::gather_v_form::<i64>(c, &counts, root, 6);
+                        forms::scatter_v_form::<xccl::bf16>(c, &counts, root, 7);
+                    }
+                }
             }
             c.barrier().unwrap();
         });

@@ -2,6 +2,10 @@
 //! in one step. On shared memory with single-copy transfers every receiver copies from the
 //! root's buffer at once, so a broadcast costs one copy per rank, all in parallel, with no
 //! rank waiting for another to pass the data on.
+//!
+//! Scatter and gather are schedules over blocks, one per rank: an even call is the uniform
+//! layout (`build` makes it so), and uneven blocks give scatter-v and gather-v. Every rank
+//! knows every block's length, so empty blocks are neither sent nor received.
 
 use super::{Algorithm, Declaration, Implementation};
 use crate::coll::CollKind;
@@ -13,8 +17,8 @@ pub(super) const DECLARATION: Declaration = Declaration {
     name: "linear",
     implements: &[
         Implementation::any(CollKind::Broadcast, |c| Some(broadcast(c.rank, c.n(), c.count()?, c.root))),
-        Implementation::any(CollKind::Scatter, |c| Some(scatter(c.rank, c.n(), c.count()?, c.root))),
-        Implementation::any(CollKind::Gather, |c| Some(gather(c.rank, c.n(), c.count()?, c.root))),
+        Implementation::any(CollKind::Scatter, |c| Some(scatter(c.rank, c.scatter()?, c.root))),
+        Implementation::any(CollKind::Gather, |c| Some(gather(c.rank, c.gather()?, c.root))),
     ],
 };
 
@@ -23,23 +27,24 @@ fn others(n: usize, root: usize) -> impl Iterator<Item = usize> {
     (1..n).map(move |i| (root + i) % n)
 }
 
-/// Scatter: block `i` of the root's `n * block`-element input goes to rank `i`'s output.
-pub fn scatter(rank: usize, n: usize, block: usize, root: usize) -> Program {
+/// Scatter: block `i` of the root's input, laid out by `blocks`, goes to rank `i`'s output.
+pub fn scatter(rank: usize, blocks: &Blocks, root: usize) -> Program {
     let mut p = Program::new();
-    if block == 0 {
+    if blocks.total() == 0 {
         return p;
     }
-    let blocks = Blocks::uniform(block, n);
-    let out = Region::new(Buf::Output, 0, block);
-    let step = p.step();
+    let out = Region::new(Buf::Output, 0, blocks.len_of(rank));
     if rank == root {
-        for q in others(n, root) {
+        let step = p.step();
+        for q in others(blocks.count(), root).filter(|&q| blocks.len_of(q) > 0) {
             step.send(q, blocks.region(Buf::Input, q));
         }
         // After the sends, so that the receivers start while the root copies its block.
-        step.copy(blocks.region(Buf::Input, root), out);
-    } else {
-        step.recv(root, out);
+        if out.len > 0 {
+            step.copy(blocks.region(Buf::Input, root), out);
+        }
+    } else if out.len > 0 {
+        p.step().recv(root, out);
     }
     p
 }
@@ -59,22 +64,23 @@ pub fn broadcast(rank: usize, n: usize, count: usize, root: usize) -> Program {
     p
 }
 
-/// Gather: rank `i`'s `block`-element input lands in block `i` of the root's output.
-pub fn gather(rank: usize, n: usize, block: usize, root: usize) -> Program {
+/// Gather: rank `i`'s input lands in block `i` of the root's output, laid out by `blocks`.
+pub fn gather(rank: usize, blocks: &Blocks, root: usize) -> Program {
     let mut p = Program::new();
-    if block == 0 {
+    if blocks.total() == 0 {
         return p;
     }
-    let blocks = Blocks::uniform(block, n);
-    let input = Region::new(Buf::Input, 0, block);
-    let step = p.step();
+    let input = Region::new(Buf::Input, 0, blocks.len_of(rank));
     if rank == root {
-        for q in others(n, root) {
+        let step = p.step();
+        for q in others(blocks.count(), root).filter(|&q| blocks.len_of(q) > 0) {
             step.recv(q, blocks.region(Buf::Output, q));
         }
-        step.copy(input, blocks.region(Buf::Output, root));
-    } else {
-        step.send(root, input);
+        if input.len > 0 {
+            step.copy(input, blocks.region(Buf::Output, root));
+        }
+    } else if input.len > 0 {
+        p.step().send(root, input);
     }
     p
 }

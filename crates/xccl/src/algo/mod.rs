@@ -250,10 +250,12 @@ pub enum Shape {
     /// One count: the buffer of all-reduce/broadcast/reduce, the per-rank block of
     /// scatter/gather/reduce-scatter/all-gather/all-to-all (0 for barrier).
     Count(usize),
-    /// One block per rank in the output (all-gather with uneven counts).
+    /// One block per rank in the output: block `i` comes from rank `i` (all-gather and
+    /// gather; with uneven counts, all-gather-v and gather-v).
     Gather(Blocks),
-    /// One block per rank in the input: block `i`, reduced over all ranks, goes to rank `i`
-    /// (reduce-scatter; with uneven counts, reduce-scatter-v).
+    /// One block per rank in the input: block `i` goes to rank `i`, reduced over all ranks
+    /// (reduce-scatter) or from the root (scatter); with uneven counts, reduce-scatter-v and
+    /// scatter-v.
     Scatter(Blocks),
     /// What goes to each rank and what comes from each rank (all-to-all with uneven counts).
     Exchange {
@@ -366,14 +368,15 @@ pub fn build(
     if n == 1 {
         return Ok(alone(kind, shape));
     }
-    // An even all-gather or reduce-scatter is the uniform layout of its uneven form.
+    // An even all-gather, gather, reduce-scatter or scatter is the uniform layout of its
+    // uneven form.
     let uniform;
     let shape = match (kind, shape) {
-        (K::AllGather, Shape::Count(c)) => {
+        (K::AllGather | K::Gather, Shape::Count(c)) => {
             uniform = Shape::Gather(Blocks::uniform(*c, n));
             &uniform
         }
-        (K::ReduceScatter, Shape::Count(c)) => {
+        (K::ReduceScatter | K::Scatter, Shape::Count(c)) => {
             uniform = Shape::Scatter(Blocks::uniform(*c, n));
             &uniform
         }
@@ -403,22 +406,37 @@ mod tests {
     }
 
     #[test]
-    fn reduce_scatter_of_a_count_is_the_uniform_layout() {
-        let kind = CollKind::ReduceScatter;
-        for &algo in Algorithm::for_collective(kind) {
-            for n in 1..=9 {
-                let hosts = vec![0; n];
-                for rank in 0..n {
-                    let even = build(kind, algo, rank, &hosts, 0, &Shape::Count(5)).unwrap();
-                    let blocks = build(kind, algo, rank, &hosts, 0, &Shape::Scatter(Blocks::uniform(5, n)));
-                    assert_eq!(even, blocks.unwrap(), "{algo} n {n} rank {rank}");
-                    let counts: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % 5).collect();
-                    let uneven = Shape::Scatter(Blocks::from_counts(&counts));
-                    let p = build(kind, algo, rank, &hosts, 0, &uneven).unwrap();
-                    p.check(rank, n, counts.iter().sum(), counts[rank]).unwrap();
+    fn an_even_call_is_the_uniform_layout_of_its_uneven_form() {
+        use CollKind as K;
+        let layout = |kind, b| {
+            if matches!(kind, K::Gather | K::AllGather) { Shape::Gather(b) } else { Shape::Scatter(b) }
+        };
+        for kind in [K::ReduceScatter, K::AllGather, K::Scatter, K::Gather] {
+            for &algo in Algorithm::for_collective(kind) {
+                for n in 1..=9 {
+                    let hosts = vec![0; n];
+                    for rank in 0..n {
+                        let root = n / 2;
+                        let uniform = layout(kind, Blocks::uniform(5, n));
+                        if !algo.supports(kind, n, &uniform) {
+                            continue;
+                        }
+                        let even = build(kind, algo, rank, &hosts, root, &Shape::Count(5)).unwrap();
+                        let blocks = build(kind, algo, rank, &hosts, root, &uniform);
+                        assert_eq!(even, blocks.unwrap(), "{kind} by {algo} n {n} rank {rank}");
+                        let counts: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % 5).collect();
+                        let uneven = layout(kind, Blocks::from_counts(&counts));
+                        let p = build(kind, algo, rank, &hosts, root, &uneven);
+                        let (total, mine) = (counts.iter().sum(), counts[rank]);
+                        let (input, output) = match kind {
+                            K::ReduceScatter | K::Scatter => (total, mine),
+                            _ => (mine, total),
+                        };
+                        p.unwrap().check(rank, n, input, output).unwrap();
+                    }
+                    let wrong = layout(kind, Blocks::uniform(1, n + 1));
+                    assert!(build(kind, algo, 0, &hosts, 0, &wrong).is_err());
                 }
-                let wrong = Shape::Scatter(Blocks::uniform(1, n + 1));
-                assert!(build(kind, algo, 0, &hosts, 0, &wrong).is_err());
             }
         }
     }

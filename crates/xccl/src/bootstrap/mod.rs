@@ -10,6 +10,7 @@ pub mod auth;
 pub(crate) mod board;
 pub mod c10d;
 pub mod env;
+pub mod group;
 pub(crate) mod host;
 pub(crate) mod mesh;
 pub mod store;

@@ -464,6 +464,26 @@ impl Communicator {
         Ok(comm)
     }
 
+    /// Aborts this communicator from any thread (NCCL's `ncclCommAbort`): the operation in
+    /// progress fails within moments with [`Error::Cancelled`], as does every operation issued
+    /// later, and the peers' operations fail naming this rank and `reason` (at once if they
+    /// are waiting on it, else when the communicator is dropped). Its splits and duplicates
+    /// are not affected. On the MPI backend there is no way to stop a call in progress: this
+    /// returns an error that says so.
+    pub fn abort(&self, reason: &str) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Native(n) => {
+                n.stream.abort(reason);
+                Ok(())
+            }
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(_) => Err(Error::Config(
+                "abort: the MPI backend cannot stop an MPI call in progress; drop the communicator, or                  end the job (MPI_Abort)"
+                    .into(),
+            )),
+        }
+    }
+
     /// This rank's index in the group, `0..size()`.
     pub fn rank(&self) -> usize {
         self.inner.group.rank

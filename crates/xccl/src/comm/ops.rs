@@ -6,6 +6,10 @@
 //! from [`Work::wait`]; the memory is used where it is, never copied. Arguments are checked
 //! when the call is made: a blocking call returns the error, an asynchronous one returns a
 //! `Work` that has already failed.
+//!
+//! The uneven ("v") forms take one count per rank, the same on every rank; their schedules
+//! are built over those blocks ([`Shape::Gather`], [`Shape::Scatter`], [`Shape::Exchange`]),
+//! which the plan cache keys on, and their frames carry the count `u64::MAX`.
 
 use std::sync::Arc;
 
@@ -29,6 +33,15 @@ fn expect(api: &'static str, what: &str, got: usize, want: usize) -> Result<()> 
     Ok(())
 }
 
+/// Checks that `what` (`len` elements) holds all `total` elements of an uneven call's counts.
+fn expect_total(api: &'static str, what: &str, len: usize, total: usize) -> Result<()> {
+    if len != total {
+        let msg = format!("{what} has {len} elements, expected {total} (the sum of counts)");
+        return Err(Error::invalid(api, msg));
+    }
+    Ok(())
+}
+
 /// The sum of `api`'s `what`, or an error if it overflows.
 fn sum(api: &'static str, what: &str, counts: &[usize]) -> Result<usize> {
     counts
@@ -38,6 +51,27 @@ fn sum(api: &'static str, what: &str, counts: &[usize]) -> Result<usize> {
 }
 
 impl Communicator {
+    /// The sum of the counts of `api`'s uneven call, once they are known to hold one count
+    /// per rank and to fit in memory.
+    fn total(&self, api: &'static str, counts: &[usize]) -> Result<usize> {
+        if counts.len() != self.size() {
+            let msg = format!("counts has {} entries, expected {} (one per rank)", counts.len(), self.size());
+            return Err(Error::invalid(api, msg));
+        }
+        sum(api, "counts", counts)
+    }
+
+    /// Checks that `what` (`len` elements) holds this rank's block of `counts` (which
+    /// [`total`](Self::total) found to hold one count per rank).
+    fn expect_mine(&self, api: &'static str, what: &str, len: usize, counts: &[usize]) -> Result<()> {
+        let (r, mine) = (self.rank(), counts[self.rank()]);
+        if len != mine {
+            let msg = format!("{what} has {len} elements, expected {mine} (counts[{r}], this rank's)");
+            return Err(Error::invalid(api, msg));
+        }
+        Ok(())
+    }
+
     fn plan_all_reduce<T: Element>(&self, len: usize, op: ReduceOp) -> Plan {
         let args = PlanArgs {
             kind: CollKind::AllReduce,
@@ -135,21 +169,9 @@ impl Communicator {
         op: ReduceOp,
     ) -> Plan {
         const API: &str = "reduce_scatter_v";
-        if counts.len() != self.size() {
-            let msg = format!("counts has {} entries, expected {} (one per rank)", counts.len(), self.size());
-            return Err(Error::invalid(API, msg));
-        }
-        let total = sum(API, "counts", counts)?;
-        if in_len != total {
-            let msg = format!("the input has {in_len} elements, expected {total} (the sum of counts)");
-            return Err(Error::invalid(API, msg));
-        }
-        let (r, mine) = (self.rank(), counts[self.rank()]);
-        if out_len != mine {
-            let msg =
-                format!("the output has {out_len} elements, expected {mine} (counts[{r}], this rank's)");
-            return Err(Error::invalid(API, msg));
-        }
+        let total = self.total(API, counts)?;
+        expect_total(API, "the input", in_len, total)?;
+        self.expect_mine(API, "the output", out_len, counts)?;
         let args = PlanArgs {
             kind: CollKind::ReduceScatter,
             op: Some(op),
@@ -239,6 +261,42 @@ impl Communicator {
         self.plan::<T>(args)
     }
 
+    /// The plan of `gather_v` (`kind` gather) or `scatter_v` (scatter): this rank's input
+    /// (gather) or output (scatter) holds its block of `counts`, the root's other buffer
+    /// holds them all.
+    fn plan_rooted_v<T: Element>(
+        &self,
+        kind: CollKind,
+        (in_len, out_len): (usize, usize),
+        counts: &[usize],
+        root: usize,
+    ) -> Plan {
+        let gather = kind == CollKind::Gather;
+        let api = if gather { "gather_v" } else { "scatter_v" };
+        self.check_rank(api, "root", root)?;
+        let total = self.total(api, counts)?;
+        let ((mine, mine_len), (all, all_len)) = if gather {
+            (("the input", in_len), ("the root's output", out_len))
+        } else {
+            (("the output", out_len), ("the root's input", in_len))
+        };
+        self.expect_mine(api, mine, mine_len, counts)?;
+        if self.rank() == root {
+            expect_total(api, all, all_len, total)?;
+        }
+        let blocks = Blocks::from_counts(counts);
+        let args = PlanArgs {
+            kind,
+            op: None,
+            root: Some(root),
+            count: u64::MAX,
+            shape: if gather { Shape::Gather(blocks) } else { Shape::Scatter(blocks) },
+            elems: (in_len, out_len),
+            result: None,
+        };
+        self.plan::<T>(args)
+    }
+
     fn plan_barrier(&self) -> Plan {
         let args = PlanArgs {
             kind: CollKind::Barrier,
@@ -313,6 +371,21 @@ impl Communicator {
     pub fn all_reduce_into<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
         expect("all_reduce_into", "the output", output.len(), input.len())?;
         self.block(self.plan_all_reduce::<T>(input.len(), op), Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`all_reduce_into`](Self::all_reduce_into): both buffers come back from
+    /// [`Work::wait`].
+    pub fn all_reduce_into_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+        op: ReduceOp,
+    ) -> Work<(I, O)> {
+        let (n, m) = (input.as_slice().len(), output.as_slice().len());
+        let plan = expect("all_reduce_into_async", "the output", m, n)
+            .and_then(|()| self.plan_all_reduce::<T>(n, op));
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
+        self.spawn(plan, bufs, (input, output))
     }
 
     /// Asynchronous [`all_reduce`](Self::all_reduce).
@@ -536,6 +609,64 @@ impl Communicator {
         root: usize,
     ) -> Work<(I, O)> {
         let plan = self.plan_gather::<T>(input.as_slice().len(), output.as_slice().len(), root);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// [`scatter`](Self::scatter) with uneven blocks: the root's `input` holds `size()`
+    /// consecutive blocks, block `i` of `counts[i]` elements, and rank `i` gets block `i` in
+    /// `output` (`counts[i]` elements). Every rank passes the same `counts`; blocks may be
+    /// empty. Only the root's `input` is read (others may be empty).
+    pub fn scatter_v<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        let plan = self.plan_rooted_v::<T>(CollKind::Scatter, (input.len(), output.len()), counts, root);
+        self.block(plan, Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`scatter_v`](Self::scatter_v); gives back `(input, output)`.
+    pub fn scatter_v_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+        counts: &[usize],
+        root: usize,
+    ) -> Work<(I, O)> {
+        let lens = (input.as_slice().len(), output.as_slice().len());
+        let plan = self.plan_rooted_v::<T>(CollKind::Scatter, lens, counts, root);
+        let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
+        self.spawn(plan, bufs, (input, output))
+    }
+
+    /// [`gather`](Self::gather) with uneven inputs: rank `i` contributes `counts[i]`
+    /// elements, and the root's `output` gets them all in rank order (the sum of `counts`).
+    /// Every rank passes the same `counts`; blocks may be empty. Only the root's `output` is
+    /// written (others may be empty).
+    pub fn gather_v<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        let plan = self.plan_rooted_v::<T>(CollKind::Gather, (input.len(), output.len()), counts, root);
+        self.block(plan, Bufs::pair(input, output))
+    }
+
+    /// Asynchronous [`gather_v`](Self::gather_v); gives back `(input, output)`.
+    pub fn gather_v_async<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        input: I,
+        mut output: O,
+        counts: &[usize],
+        root: usize,
+    ) -> Work<(I, O)> {
+        let lens = (input.as_slice().len(), output.as_slice().len());
+        let plan = self.plan_rooted_v::<T>(CollKind::Gather, lens, counts, root);
         let bufs = Bufs::pair(input.as_slice(), output.as_mut_slice());
         self.spawn(plan, bufs, (input, output))
     }

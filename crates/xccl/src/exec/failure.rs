@@ -19,6 +19,16 @@ pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
     }
 }
 impl Engine {
+    /// Fails operation `op` if the program aborted the communicator.
+    pub(super) fn check_cancel(&self, op: &str) -> Result<()> {
+        match self.cancel.get() {
+            Some(reason) => {
+                Err(Error::Cancelled { op: op.to_string(), rank: self.rank, reason: reason.clone() })
+            }
+            None => Ok(()),
+        }
+    }
+
     pub(super) fn abort(&mut self, err: &Error) {
         if self.dead.is_some() {
             return;
@@ -96,6 +106,7 @@ impl Engine {
         if let Some(e) = &self.dead {
             return Err(Error::Aborted(Box::new(e.clone())));
         }
+        self.check_cancel(&op())?;
         match self.links.first_failed() {
             Some((peer, Closed::Aborted { origin, reason })) => {
                 Err(Error::RemoteAbort { op: op(), peer, origin: *origin, reason: reason.clone() })

@@ -35,6 +35,7 @@ mod step;
 mod task;
 
 use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::dtype::DType;
@@ -98,6 +99,10 @@ pub(crate) struct Engine {
     /// The rank named by the abort notice being read.
     abort_origin: usize,
     dead: Option<Error>,
+    /// Set by [`Communicator::abort`](crate::Communicator::abort) from any thread: why the
+    /// program aborted the communicator. Checked before each operation and whenever a step
+    /// waits.
+    cancel: Arc<OnceLock<String>>,
     /// The last collectives this rank ran, newest last: a frame of an earlier sequence
     /// number is then reported against what this rank called under that number.
     history: VecDeque<OpDesc>,
@@ -156,6 +161,7 @@ impl Engine {
             abort_reason: Vec::new(),
             abort_origin: 0,
             dead: None,
+            cancel: Arc::new(OnceLock::new()),
             history: VecDeque::with_capacity(HISTORY),
         }
     }
@@ -163,6 +169,11 @@ impl Engine {
     /// A waker for this engine's waits.
     pub fn waker(&self) -> crate::transport::Waker {
         self.links.waker()
+    }
+
+    /// Where the program's abort is posted (see [`Engine::cancel`]).
+    pub fn cancel_handle(&self) -> Arc<OnceLock<String>> {
+        self.cancel.clone()
     }
 
     /// The error that killed this communicator, if one did.

@@ -1,6 +1,7 @@
 //! Every form of every collective (blocking, in place, out of place, asynchronous, even and
 //! uneven) at the awkward sizes of [`SIZES`], for any element type, checked on one rank
 //! against the naive reference: run on every rank of any communicator, local, TCP or MPI.
+//! The uneven gather and scatter run for every root, with empty blocks among unequal ones.
 
 use xccl::{Communicator, ReduceOp};
 
@@ -131,8 +132,62 @@ pub fn gather_forms<T: Small>(c: &Communicator) {
                     &format!("gather len {len} root {root}"),
                 );
             }
+            for counts in uneven_counts(len, n, root) {
+                gather_v_form::<T>(c, &counts, root, len);
+            }
         }
     }
+}
+
+/// Uneven layouts for `len` and `root` (the same on every rank): unequal blocks with empty
+/// ones among them, and one non-empty block (the root's neighbour's).
+pub fn uneven_counts(len: usize, n: usize, root: usize) -> [Vec<usize>; 2] {
+    [
+        (0..n).map(|k| (len + 3 * k + root) % 5 * (len / 4 + 1)).collect(),
+        (0..n).map(|k| if k == (root + 1) % n { len + 1 } else { 0 }).collect(),
+    ]
+}
+
+/// `gather_v` of `counts` to `root`, blocking and asynchronous, against the concatenation
+/// of every rank's input; a non-root's output, of any length, is left alone.
+pub fn gather_v_form<T: Small>(c: &Communicator, counts: &[usize], root: usize, salt: usize) {
+    let (n, r) = (c.size(), c.rank());
+    let from = |rank: usize, i: usize| val::<T>(ReduceOp::Sum, rank, i, salt + root);
+    let mine: Vec<T> = (0..counts[r]).map(|i| from(r, i)).collect();
+    let want: Vec<T> = (0..n).flat_map(|k| (0..counts[k]).map(move |i| from(k, i))).collect();
+    let what = format!("gather_v {} counts {counts:?} root {root} rank {r}", std::any::type_name::<T>());
+    let mut out = vec![T::small(5); if r == root { want.len() } else { 3 }];
+    c.gather_v(&mine, &mut out, counts, root).unwrap();
+    if r == root {
+        assert_eq!(out, want, "{what}");
+    } else {
+        assert_each(&out, |_| T::small(5), &format!("{what}: a non-root's output is not written"));
+    }
+    let out = vec![T::small(6); if r == root { want.len() } else { 0 }];
+    let (back, out) = c.gather_v_async(mine.clone(), out, counts, root).wait().unwrap();
+    if r == root {
+        assert_eq!(out, want, "{what} (async)");
+    }
+    assert_eq!(back, mine, "{what}: the input comes back untouched");
+}
+
+/// `scatter_v` of `counts` from `root`, blocking and asynchronous, against the blocks of the
+/// root's input; a non-root's input, of any length, is not read.
+pub fn scatter_v_form<T: Small>(c: &Communicator, counts: &[usize], root: usize, salt: usize) {
+    let r = c.rank();
+    let total: usize = counts.iter().sum();
+    let off: usize = counts[..r].iter().sum();
+    let all: Vec<T> = (0..total).map(|i| val(ReduceOp::Sum, root, i, salt + root)).collect();
+    let what = format!("scatter_v {} counts {counts:?} root {root} rank {r}", std::any::type_name::<T>());
+    let inp = if r == root { all.clone() } else { vec![T::small(1); 2] };
+    let mut out = vec![T::small(3); counts[r]];
+    c.scatter_v(&inp, &mut out, counts, root).unwrap();
+    assert_eq!(out, all[off..off + counts[r]], "{what}");
+    let inp = if r == root { all.clone() } else { Vec::new() };
+    let (back, out) =
+        c.scatter_v_async(inp.clone(), vec![T::small(4); counts[r]], counts, root).wait().unwrap();
+    assert_eq!(out, all[off..off + counts[r]], "{what} (async)");
+    assert_eq!(back, inp, "{what}: the input comes back untouched");
 }
 
 pub fn scatter_forms<T: Small>(c: &Communicator) {
@@ -146,6 +201,9 @@ pub fn scatter_forms<T: Small>(c: &Communicator) {
             assert_each(&out, |i| all[r * len + i], &format!("scatter len {len} n {n} root {root}"));
             let (_, out2) = c.scatter_async(inp, vec![T::small(3); len], root).wait().unwrap();
             assert_eq!(out, out2);
+            for counts in uneven_counts(len, n, root) {
+                scatter_v_form::<T>(c, &counts, root, len);
+            }
         }
     }
 }

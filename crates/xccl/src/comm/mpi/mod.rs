@@ -333,7 +333,8 @@ pub(super) fn real(ptr: *mut u8, len: usize) -> *mut c_void {
 enum Layout {
     /// One count (per rank, or per block).
     Count(c_int),
-    /// One block per rank: counts and offsets (`Allgatherv`, `Reduce_scatter`).
+    /// One block per rank: counts and offsets (`Allgatherv`, `Reduce_scatter`, `Gatherv`,
+    /// `Scatterv`).
     Blocks(Vec<c_int>, Vec<c_int>),
     /// Blocks to send and to receive (`Alltoallv`).
     Exchange { send: (Vec<c_int>, Vec<c_int>), recv: (Vec<c_int>, Vec<c_int>) },
@@ -450,8 +451,18 @@ impl Coll {
                 (CollKind::Scatter, Layout::Count(n)) => {
                     ffi::MPI_Scatter(input, *n, t, output, *n, t, root, comm)
                 }
+                (CollKind::Scatter, Layout::Blocks(counts, offsets)) => {
+                    let mine = counts.get(self.rank).copied().ok_or_else(wrong)?;
+                    let (c, o) = (counts.as_ptr(), offsets.as_ptr());
+                    ffi::MPI_Scatterv(input, c, o, t, output, mine, t, root, comm)
+                }
                 (CollKind::Gather, Layout::Count(n)) => {
                     ffi::MPI_Gather(input, *n, t, output, *n, t, root, comm)
+                }
+                (CollKind::Gather, Layout::Blocks(counts, offsets)) => {
+                    let mine = counts.get(self.rank).copied().ok_or_else(wrong)?;
+                    let (c, o) = (counts.as_ptr(), offsets.as_ptr());
+                    ffi::MPI_Gatherv(input, mine, t, output, c, o, t, root, comm)
                 }
                 (CollKind::Barrier, _) => ffi::MPI_Barrier(comm),
                 _ => return Err(wrong()),
