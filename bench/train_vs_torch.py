@@ -1,6 +1,8 @@
 """PyTorch DDP on Gloo (CPU) training the GPT of `xccl train`, for a side-by-side comparison.
 
 With --backend xccl the same DDP runs on xccl's PyTorch backend (bench/torch_backend.sh).
+Started by torchrun (RANK, LOCAL_RANK set) it is one rank of torchrun's job (--dp = the world
+size); otherwise it spawns --dp ranks itself (bench/torch_cluster.sh runs it across hosts).
 
     python bench/train_vs_torch.py --dp 2 --width 128 --layers 2 --heads 4 --digits 3 \
         --batch 64 --steps 300 --out torch.json
@@ -103,8 +105,9 @@ def sums(digits, rows, gen):
 def rank_main(rank, args, port):
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    if port is not None:  # spawned here; under torchrun its variables stay
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
     if args.backend == "xccl":
         import xccl.torch  # noqa: F401  (registers the backend)
     dist.init_process_group(args.backend, rank=rank, world_size=args.dp)
@@ -198,6 +201,10 @@ def main():
         help='process-group backend ("xccl": the package xccl, see python/README.md)',
     )
     args = p.parse_args()
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:  # one rank of torchrun's job
+        assert int(os.environ["WORLD_SIZE"]) == args.dp, "--dp must equal torchrun's world size"
+        rank_main(int(os.environ["RANK"]), args, None)
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -5,6 +5,7 @@
  *
  * Rank 0 prints "capi all_reduce <bytes> B <us> us". bench/native.sh runs it beside
  * `xccl bench all_reduce` in the same job, interleaved. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

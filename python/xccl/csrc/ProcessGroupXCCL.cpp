@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -363,19 +364,15 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkXCCL::getFuture() {
     std::unique_lock<std::mutex> g(mu_);
     if (future_) return future_;
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    if (done_) {
-        auto f = future_;
-        auto err = error_;
-        g.unlock();
-        if (err)
-            f->setError(err);
-        else
-            f->markCompleted(c10::IValue(result_));
+    auto f = future_;
+    bool done = done_;
+    g.unlock();
+    if (done) {
+        completeFuture();
         return f;
     }
-    g.unlock();
     group_->submit(c10::intrusive_ptr<WorkXCCL>::reclaim_copy(this));
-    return future_;
+    return f;
 }
 
 // ---- GroupState --------------------------------------------------------------------------
@@ -386,44 +383,55 @@ void GroupState::abortComm(const std::string& why) {
 }
 
 void GroupState::submit(c10::intrusive_ptr<WorkXCCL> work) {
-    std::lock_guard<std::mutex> g(mu);
+    std::unique_lock<std::mutex> g(mu);
+    if (stopping) {
+        g.unlock();
+        work->finish();
+        work->completeFuture();
+        return;
+    }
     futures.push_back(std::move(work));
-    if (!completer.joinable()) {
-        completer = std::thread([this] {
+    if (!started) {
+        started = true;
+        std::thread([self = shared_from_this()]() mutable {
             for (;;) {
                 c10::intrusive_ptr<WorkXCCL> w;
                 {
-                    std::unique_lock<std::mutex> g(mu);
-                    cv.wait(g, [&] { return stopping || !futures.empty(); });
-                    if (futures.empty()) return;
-                    w = std::move(futures.front());
-                    futures.pop_front();
+                    std::unique_lock<std::mutex> g(self->mu);
+                    self->cv.wait(g, [&] { return self->stopping || !self->futures.empty(); });
+                    if (self->futures.empty()) break;
+                    w = std::move(self->futures.front());
+                    self->futures.pop_front();
                 }
-                bool ok = w->finish();
-                auto f = w->future_;
-                if (ok)
-                    f->markCompleted(c10::IValue(w->result_));
-                else
-                    f->setError(w->exception());
+                w->finish();
+                w->completeFuture();
             }
-        });
+            self.reset();  // may be the last reference: the state ends here, on this thread
+        }).detach();
     }
     cv.notify_one();
 }
 
+void GroupState::stop() {
+    std::lock_guard<std::mutex> g(mu);
+    stopping = true;
+    cv.notify_all();
+}
+
 GroupState::~GroupState() {
-    {
-        std::lock_guard<std::mutex> g(mu);
-        stopping = true;
-        cv.notify_all();
-    }
-    if (completer.joinable()) {
-        if (completer.get_id() == std::this_thread::get_id())
-            completer.detach();  // the completer dropped the last reference itself
-        else
-            completer.join();
-    }
     if (comm) xcclCommDestroy(comm);
+}
+
+void WorkXCCL::completeFuture() {
+    std::unique_lock<std::mutex> g(mu_);
+    auto f = future_;
+    auto err = error_;
+    g.unlock();
+    if (!f || f->completed()) return;
+    if (err)
+        f->setError(err);
+    else
+        f->markCompleted(c10::IValue(result_));
 }
 
 // ---- ProcessGroupXCCL --------------------------------------------------------------------
@@ -444,10 +452,9 @@ ProcessGroupXCCL::ProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store,
         C10_THROW_ERROR(DistBackendError, msg);
     }
     shared_->comm = c;
-    shared_->rank = rank;
 }
 
-ProcessGroupXCCL::~ProcessGroupXCCL() = default;
+ProcessGroupXCCL::~ProcessGroupXCCL() { shared_->stop(); }
 
 xcclComm_t ProcessGroupXCCL::comm() const {
     xcclComm_t c = shared_->comm;
@@ -458,6 +465,7 @@ xcclComm_t ProcessGroupXCCL::comm() const {
 void ProcessGroupXCCL::abort() { shared_->abortComm("ProcessGroup.abort()"); }
 
 void ProcessGroupXCCL::shutdown() {
+    shared_->stop();
     xcclComm_t c;
     {
         std::lock_guard<std::mutex> g(shared_->mu);

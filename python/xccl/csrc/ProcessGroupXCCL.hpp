@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -44,19 +43,22 @@ struct Pending {
 class WorkXCCL;
 
 // What a group's works keep of it: the communicator, and the thread that completes the
-// futures of its operations in issue order (started by the first getFuture()).
-struct GroupState {
+// futures of its operations in issue order (started by the first getFuture(); it holds the
+// state alive while it runs, and ends once stopped and drained).
+struct GroupState : std::enable_shared_from_this<GroupState> {
     xcclComm_t comm = nullptr;
-    int rank = 0;
     std::mutex mu;
     std::condition_variable cv;
     std::deque<c10::intrusive_ptr<WorkXCCL>> futures;
-    std::thread completer;
+    bool started = false;
     bool stopping = false;
     // Aborts the communicator (operations in progress fail, peers are told), naming `why`.
     void abortComm(const std::string& why);
-    // Queues `work`, whose future the completer completes when the work is done.
+    // Queues `work`, whose future the completer completes when the work is done (at once, on
+    // this thread, once the group is stopped).
     void submit(c10::intrusive_ptr<WorkXCCL> work);
+    // Lets the completer end once it has completed what is queued.
+    void stop();
     ~GroupState();
 };
 
@@ -81,6 +83,8 @@ class WorkXCCL : public c10d::Work {
 
     // Waits without limit and records the outcome (once); true if it succeeded.
     bool finish();
+    // Completes the future with the outcome (after finish()).
+    void completeFuture();
 
   private:
     friend class ProcessGroupXCCL;
