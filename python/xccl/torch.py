@@ -78,6 +78,17 @@ def native():
     name = f"xccl_c10d_{digest.hexdigest()[:16]}"
     lib = Path(_xccl.__file__).resolve()
     build = Path(cpp_extension._get_build_directory(name, verbose=False))
+    # Sources and the library to link against at paths inside the build directory, which
+    # depends on the sources only: PyTorch rebuilds when any build argument changes, and the
+    # package's own path differs between installs and test directories. At run time the
+    # library is found as the module Python already loaded (its soname), wherever it is.
+    src, link = build / "src", build / "lib"
+    src.mkdir(parents=True, exist_ok=True)
+    link.mkdir(parents=True, exist_ok=True)
+    for f in files:  # rewritten only when changed: ninja rebuilds what is newer
+        if not (src / f.name).exists() or (src / f.name).read_bytes() != f.read_bytes():
+            _replace(src / f.name, lambda tmp, f=f: tmp.write_bytes(f.read_bytes()))
+    _replace(link / lib.name, lambda tmp: tmp.symlink_to(lib))
     if not any(build.glob(f"{name}*.so")):
         print(
             f"xccl: compiling the native PyTorch backend against torch {torch.__version__} "
@@ -87,10 +98,10 @@ def native():
     try:
         _module = cpp_extension.load(
             name=name,
-            sources=[str(_CSRC / s) for s in _SOURCES],
-            extra_include_paths=[str(_CSRC)],
+            sources=[str(src / s) for s in _SOURCES],
+            extra_include_paths=[str(src)],
             extra_cflags=["-O2"],
-            extra_ldflags=[f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"],
+            extra_ldflags=[f"-L{link}", f"-l:{lib.name}"],
             verbose=os.environ.get("XCCL_BUILD_VERBOSE") == "1",
         )
     except Exception as e:  # the compiler's or ninja's failure, said with what is needed
@@ -100,6 +111,14 @@ def native():
             "compiler's output"
         ) from e
     return _module
+
+
+def _replace(path: Path, make) -> None:
+    """Makes `path` anew with `make(tmp)`, atomically (ranks of one host may race here)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    make(tmp)
+    os.replace(tmp, path)
 
 
 def _create(store, rank: int, size: int, timeout: timedelta):

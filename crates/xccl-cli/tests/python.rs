@@ -232,6 +232,15 @@ fn the_pytorch_backend_matches_gloo_call_by_call() {
 }
 
 #[test]
+fn the_backend_leaves_the_name_xccl_to_pytorchs_own_where_that_is_built() {
+    if has_torch() {
+        for mode in ["plain", "xpu-build"] {
+            expect_ok(&run(&[], "check_torch_names.py", &[mode], &[]), 1, &format!("ok names {mode}"));
+        }
+    }
+}
+
+#[test]
 fn ddp_on_xccl_trains_like_ddp_on_gloo_under_xccl_run_and_torchrun() {
     if !has_torch() {
         return;
