@@ -27,7 +27,13 @@ type Key = (u64, u32, u32);
 struct Arrivals {
     links: Mutex<HashMap<Key, TcpStream>>,
     cv: Condvar,
+    /// The last connections refused at the handshake, and why: what a rank that waits in
+    /// vain for a peer reports (a peer with another secret, another job, another version).
+    refusals: Mutex<Vec<String>>,
 }
+
+/// Refusals an acceptor remembers.
+const REFUSALS: usize = 4;
 
 /// A rank's listener for links of all its communicators; stops when dropped.
 pub(crate) struct Acceptor {
@@ -69,7 +75,14 @@ impl Acceptor {
                             Ok(Purpose::Store) => {
                                 tracing::warn!("{peer} asked a rank for the store; dropped")
                             }
-                            Err(e) => tracing::warn!("refused a connection: {e}"),
+                            Err(e) => {
+                                tracing::warn!("refused a connection: {e}");
+                                let mut r = arrivals.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+                                if r.len() == REFUSALS {
+                                    r.remove(0);
+                                }
+                                r.push(format!("a connection from {peer} was refused: {e}"));
+                            }
                         }
                     });
                 }
@@ -81,6 +94,12 @@ impl Acceptor {
     /// Where peers connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The connections refused lately, as a clause for an error ("" if none).
+    fn refused(&self) -> String {
+        let r = self.arrivals.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.is_empty() { String::new() } else { format!("; meanwhile {}", r.join("; ")) }
     }
 
     /// Waits for the link of `comm` from rank `from` to rank `to`.
@@ -157,9 +176,10 @@ pub(crate) fn connect(
         }
         let s = acceptor.claim(comm, me as u32, peer as u32, deadline).ok_or_else(|| {
             Error::Bootstrap(format!(
-                "rank {me} waited {:.0} s for rank {peer} to connect: it has not started, failed, or cannot reach {}",
+                "rank {me} waited {:.0} s for rank {peer} to connect: it has not started, failed, or cannot reach {}{}",
                 timeout.as_secs_f64(),
-                acceptor.addr()
+                acceptor.addr(),
+                acceptor.refused()
             ))
         })?;
         *slot = Some(Box::new(
