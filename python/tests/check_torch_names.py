@@ -25,8 +25,11 @@ def main(mode):
         warnings.simplefilter("always")
         import xccl.torch
     plugins = dist.Backend._plugins
-    assert plugins["XCCL_CPU"].creator_fn is xccl.torch._create, "xccl_cpu is registered"
-    mine = plugins.get("XCCL") is not None and plugins["XCCL"].creator_fn is xccl.torch._create
+    def ours(p):
+        return p is not None and getattr(p.creator_fn, "func", None) is xccl.torch._create
+
+    assert ours(plugins.get("XCCL_CPU")), "xccl_cpu is registered"
+    mine = ours(plugins.get("XCCL"))
     said = [str(w.message) for w in caught if "xccl_cpu" in str(w.message)]
     if mode == "xpu-build":
         assert not mine, "PyTorch's own 'xccl' was replaced"
@@ -42,6 +45,8 @@ def main(mode):
                 t = torch.arange(4.0)
                 dist.all_reduce(t)
                 assert torch.equal(t, torch.arange(4.0)) and dist.get_backend() == name
+                # The backend says the name it was registered under (DDP's logging reads it).
+                assert dist.group.WORLD._get_backend(torch.device("cpu")).name() == name
                 dist.destroy_process_group()
     print(f"rank 0: ok names {mode}", flush=True)
 

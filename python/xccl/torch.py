@@ -34,6 +34,7 @@ receiving from any source, tensors off the CPU) raise ``RuntimeError`` naming th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -121,10 +122,11 @@ def _replace(path: Path, make) -> None:
     os.replace(tmp, path)
 
 
-def _create(store, rank: int, size: int, timeout: timedelta):
+def _create(store, rank: int, size: int, timeout: timedelta, name: str = BACKEND):
     """The backend's constructor, called by ``init_process_group`` and ``new_group`` on the
-    members of each group with the group's store."""
-    return native().create(store, rank, size, timeout)
+    members of each group with the group's store; `name` is the name it was registered under
+    (what ``getBackendName`` says)."""
+    return native().create(store, rank, size, timeout, name)
 
 
 def register() -> None:
@@ -143,9 +145,9 @@ def register() -> None:
         names.insert(0, BACKEND)
     for name in names:
         plugin = plugins.get(name.upper())
-        if plugin is not None and getattr(plugin, "creator_fn", None) is _create:
+        if plugin is not None and getattr(getattr(plugin, "creator_fn", None), "func", None) is _create:
             continue
-        dist.Backend.register_backend(name, _create, devices=["cpu"])
+        dist.Backend.register_backend(name, functools.partial(_create, name=name), devices=["cpu"])
 
 
 register()

@@ -437,8 +437,8 @@ void WorkXCCL::completeFuture() {
 // ---- ProcessGroupXCCL --------------------------------------------------------------------
 
 ProcessGroupXCCL::ProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), shared_(std::make_shared<GroupState>()) {
+                                   std::chrono::milliseconds timeout, std::string name)
+    : c10d::Backend(rank, size), name_(std::move(name)), shared_(std::make_shared<GroupState>()) {
     StoreBridge bridge{store, ""};
     xcclStore s{&bridge, &StoreBridge::set, &StoreBridge::get, &StoreBridge::add};
     std::string host = storeHost(store);
@@ -591,19 +591,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupXCCL::all_gather_single(Tensor& outpu
 c10::intrusive_ptr<c10d::Work> ProcessGroupXCCL::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                                                      std::vector<Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
-    TORCH_CHECK(outputs.size() == inputs.size(), "xccl backend: all_gather_coalesced: ", outputs.size(),
-                " output lists for ", inputs.size(), " inputs");
+    // outputs[r][j]: input j of rank r (torch.distributed.all_gather_coalesced's layout).
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "xccl backend: all_gather_coalesced: ", outputs.size(),
+                " output lists; it needs one per rank (", size_, ")");
+    for (const auto& per_rank : outputs)
+        TORCH_CHECK(per_rank.size() == inputs.size(), "xccl backend: all_gather_coalesced: an output list of ",
+                    per_rank.size(), " tensors for ", inputs.size(), " inputs");
     std::vector<Pending> parts;
     std::vector<Tensor> result;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-        std::vector<std::vector<Tensor>> o{outputs[i]};
-        std::vector<Tensor> in{inputs[i]};
+    for (size_t j = 0; j < inputs.size(); ++j) {
+        std::vector<std::vector<Tensor>> o(1);
+        for (int r = 0; r < size_; ++r) o[0].push_back(outputs[r][j]);
+        std::vector<Tensor> in{inputs[j]};
         auto w = c10::static_intrusive_pointer_cast<WorkXCCL>(allgather(o, in, opts));
         for (auto& part : w->parts_) parts.push_back(std::move(part));
         w->parts_.clear();
         w->done_ = true;
-        result.insert(result.end(), outputs[i].begin(), outputs[i].end());
     }
+    for (const auto& per_rank : outputs) result.insert(result.end(), per_rank.begin(), per_rank.end());
     return work(OpType::ALLGATHER_COALESCED, std::move(parts), result);
 }
 
@@ -833,9 +838,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupXCCL::barrier(const c10d::BarrierOpti
 
 c10::intrusive_ptr<c10d::Backend> createProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store,
                                                          int64_t rank, int64_t size,
-                                                         const std::chrono::duration<float>& timeout) {
+                                                         const std::chrono::duration<float>& timeout,
+                                                         const std::string& name) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
-    return c10::make_intrusive<ProcessGroupXCCL>(store, static_cast<int>(rank), static_cast<int>(size), ms);
+    return c10::make_intrusive<ProcessGroupXCCL>(store, static_cast<int>(rank), static_cast<int>(size), ms, name);
 }
 
 }  // namespace xccl_torch

@@ -103,12 +103,12 @@ class ProcessGroupXCCL : public c10d::Backend {
   public:
     // Rank `rank` of `size`, meeting through `store` (the group's: its keys are the group's
     // alone); `timeout` bounds the rendezvous and, unless XCCL_TIMEOUT is set, every
-    // operation's wait for progress.
+    // operation's wait for progress; `name` is the name it was registered under.
     ProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, std::string name = "xccl");
     ~ProcessGroupXCCL() override;
 
-    const std::string getBackendName() const override { return "xccl"; }
+    const std::string getBackendName() const override { return name_; }
 
     c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const c10d::BroadcastOptions& opts) override;
@@ -169,14 +169,16 @@ class ProcessGroupXCCL : public c10d::Backend {
     // The communicator; throws once the group was shut down.
     xcclComm_t comm() const;
 
+    std::string name_;
     std::shared_ptr<GroupState> shared_;
     uint64_t seq_ = 0;
 };
 
 // Creates the backend for torch.distributed.Backend.register_backend (Python), with the
-// group's store, rank, size and timeout.
+// group's store, rank, size and timeout, and the name it is registered under.
 c10::intrusive_ptr<c10d::Backend> createProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store,
                                                          int64_t rank, int64_t size,
-                                                         const std::chrono::duration<float>& timeout);
+                                                         const std::chrono::duration<float>& timeout,
+                                                         const std::string& name);
 
 }  // namespace xccl_torch

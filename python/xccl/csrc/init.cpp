@@ -9,6 +9,7 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "xccl's native PyTorch backend (ProcessGroupXCCL)";
     m.def("create", &xccl_torch::createProcessGroupXCCL, py::arg("store"), py::arg("rank"), py::arg("size"),
-          py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
-          "The xccl backend of one process group: rank `rank` of `size`, meeting through `store`.");
+          py::arg("timeout"), py::arg("name") = "xccl", py::call_guard<py::gil_scoped_release>(),
+          "The xccl backend of one process group: rank `rank` of `size`, meeting through `store`, "
+          "named `name` (the name it is registered under).");
 }
