@@ -2,8 +2,9 @@
 //! extension cargo built, as threads of one interpreter and as processes under `xccl run`.
 //!
 //! The extension (`libxccl_python.so`, built because this crate dev-depends on
-//! `xccl-python`) is copied as `xccl/_xccl.abi3.so` next to the package's Python sources in a
-//! temporary directory, which goes on `PYTHONPATH`. The interpreter is `$XCCL_TEST_PYTHON`,
+//! `xccl-python`) is copied as `xccl/_xccl.abi3.so` next to the package's Python sources and
+//! its native PyTorch backend's (compiled on first use) in a temporary directory, which goes
+//! on `PYTHONPATH` (`common::package`). The interpreter is `$XCCL_TEST_PYTHON`,
 //! else the first of `python3` on `PATH` and the known virtual environments that has NumPy
 //! (and is 3.11 or later); without one, every test says why it skips.
 
@@ -11,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+mod common;
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../python");
@@ -43,41 +46,13 @@ fn find_python() -> Result<String, String> {
     Err(format!("no Python 3.11+ with numpy among {candidates:?} (set XCCL_TEST_PYTHON)"))
 }
 
-/// The extension cargo built for this test binary (in `target/<profile>/deps`).
-fn extension() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let deps = exe.parent().ok_or("test binary has no directory")?;
-    [deps.join("libxccl_python.so"), deps.join("../libxccl_python.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libxccl_python.so not found near {}", deps.display()))
-}
-
 /// The package directory, made once per test binary.
 fn setup() -> &'static Result<Setup, String> {
     static SETUP: OnceLock<Result<Setup, String>> = OnceLock::new();
     SETUP.get_or_init(|| {
         let python = find_python()?;
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("python-{}", std::process::id()));
-        let pkg = root.join("xccl");
-        std::fs::create_dir_all(&pkg).map_err(|e| format!("{}: {e}", pkg.display()))?;
-        let sources = Path::new(PYTHON_DIR).join("xccl");
-        for entry in std::fs::read_dir(&sources).map_err(|e| format!("{}: {e}", sources.display()))? {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            if path.extension().is_some_and(|x| x == "py" || x == "pyi") {
-                let name = path.file_name().ok_or("a source without a name")?;
-                std::fs::copy(&path, pkg.join(name)).map_err(|e| format!("{}: {e}", path.display()))?;
-            }
-        }
-        // The native PyTorch backend's sources, compiled on first use.
-        let csrc = pkg.join("csrc");
-        std::fs::create_dir_all(&csrc).map_err(|e| format!("{}: {e}", csrc.display()))?;
-        for entry in std::fs::read_dir(sources.join("csrc")).map_err(|e| format!("csrc: {e}"))? {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            let name = path.file_name().ok_or("a source without a name")?;
-            std::fs::copy(&path, csrc.join(name)).map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-        std::fs::copy(extension()?, pkg.join("_xccl.abi3.so")).map_err(|e| e.to_string())?;
+        common::package::assemble(&root)?;
         Ok(Setup { python, pythonpath: root })
     })
 }

@@ -33,7 +33,6 @@ mod cluster;
 mod common;
 
 use cluster::Cluster;
-use common::text;
 
 const PYTHON_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../python");
 const SCRIPT: &str = "check_torch_ddp_hosts.py";
@@ -43,51 +42,11 @@ const LIMIT: Duration = Duration::from_secs(240);
 /// The rendezvous port on host 0 (each test has its own cluster, so any port is free).
 const PORT: u16 = 29500;
 
-/// The interpreter, the package directory (on `PYTHONPATH`), PyTorch's build cache for it
-/// (`TORCH_EXTENSIONS_DIR`) and a directory for logs.
+/// The interpreter, the package directory (on `PYTHONPATH`) and a directory for logs.
 struct Setup {
     python: PathBuf,
     pythonpath: PathBuf,
-    extensions: PathBuf,
     logs: PathBuf,
-}
-
-/// The extension cargo built for this test binary (in `target/<profile>/deps`).
-fn extension() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let deps = exe.parent().ok_or("test binary has no directory")?;
-    [deps.join("libxccl_python.so"), deps.join("../libxccl_python.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("libxccl_python.so not found near {}", deps.display()))
-}
-
-/// Copies `from`'s files whose names `keep` accepts into `to`, each only if it differs (a
-/// source rewritten with a new time would make ninja compile the backend again), and by
-/// renaming a new file into place (a rank of another run may have the old one mapped).
-fn copy_files(from: &Path, to: &Path, keep: impl Fn(&Path) -> bool) -> Result<(), String> {
-    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
-    for entry in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
-        let path = entry.map_err(|e| e.to_string())?.path();
-        if path.is_file() && keep(&path) {
-            let name = path.file_name().ok_or("a source without a name")?;
-            install(&path, &to.join(name))?;
-        }
-    }
-    Ok(())
-}
-
-/// Puts a copy of `from` at `to` unless `to` has the same bytes already.
-fn install(from: &Path, to: &Path) -> Result<(), String> {
-    let bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
-    if std::fs::read(to).is_ok_and(|old| old == bytes) {
-        return Ok(());
-    }
-    let tmp = to.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, &bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    let mode = std::fs::metadata(from).map_err(|e| e.to_string())?.permissions();
-    std::fs::set_permissions(&tmp, mode).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, to).map_err(|e| format!("{}: {e}", to.display()))
 }
 
 /// The package and the compiled native backend, once per test binary; `Err` says why the
@@ -96,34 +55,14 @@ fn setup() -> &'static Result<Setup, String> {
     static SETUP: OnceLock<Result<Setup, String>> = OnceLock::new();
     SETUP.get_or_init(|| {
         let python = common::torch_python().ok_or("no Python with PyTorch (see above)")?;
-        let cxx = Command::new("c++").arg("--version").output().is_ok_and(|o| o.status.success());
-        if !cxx {
-            return Err(
-                "no C++ compiler (c++) to build the native PyTorch backend (apt-get install g++)".into()
-            );
-        }
-        // One place for every run, with PyTorch's build cache of the backend beside it: only
-        // the first run (or one after the sources changed) compiles it, a minute on 2 cores,
-        // and nothing else that shares ~/.cache/torch_extensions touches it while ranks wait.
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("torch-cluster");
-        let pkg = root.join("xccl");
-        let sources = Path::new(PYTHON_DIR).join("xccl");
-        copy_files(&sources, &pkg, |p| p.extension().is_some_and(|x| x == "py" || x == "pyi"))?;
-        copy_files(&sources.join("csrc"), &pkg.join("csrc"), |_| true)?;
-        install(&extension()?, &pkg.join("_xccl.abi3.so"))?;
-        let extensions = root.join("torch_extensions");
+        common::package::assemble(&root)?;
         let logs = root.join(format!("logs-{}", std::process::id()));
         std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
         let start = Instant::now();
-        let out = Command::new(&python)
-            .args(["-m", "xccl.torch"])
-            .env("PYTHONPATH", &root)
-            .env("TORCH_EXTENSIONS_DIR", &extensions)
-            .output()
-            .map_err(|e| format!("{}: {e}", python.display()))?;
-        assert!(out.status.success(), "building the native backend failed: {}", text(&out));
+        common::package::build_backend(&python, &root)?;
         eprintln!("native backend ready in {:.1?}", start.elapsed());
-        Ok(Setup { python, pythonpath: root, extensions, logs })
+        Ok(Setup { python, pythonpath: root, logs })
     })
 }
 
@@ -175,7 +114,6 @@ fn torchrun(c: &Cluster, s: &Setup, case: &str, secrets: [Option<&str>; 2]) -> J
             }
         }
         cmd.env("PYTHONPATH", &s.pythonpath)
-            .env("TORCH_EXTENSIONS_DIR", &s.extensions)
             .env("PYTHONUNBUFFERED", "1")
             .env("XCCL_HOST_KEY", format!("{}-h{h}", c.name))
             .env("XCCL_TIMEOUT", "20")

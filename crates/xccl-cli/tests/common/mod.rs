@@ -1,7 +1,10 @@
 //! Helpers shared by the command's integration tests: a finished command in words, running
-//! one that must succeed, the bits of a run's final parameters, and a Python with PyTorch.
+//! one that must succeed, the bits of a run's final parameters, a Python with PyTorch, and
+//! the Python package as the tests load it (`package`).
 
 #![allow(dead_code)]
+
+pub mod package;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
