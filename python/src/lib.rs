@@ -4,6 +4,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `comm.rs` | `Communicator`: construction, `split` / `dup`, every operation and its `_async` twin |
+//! | `dispatch.rs` | how a method runs: argument conversions, buffer export, blocking or asynchronous execution |
 //! | `calls.rs` | the operations as data, and how each maps onto xccl's blocking and asynchronous API |
 //! | `buffer.rs` | Python buffers as typed xccl buffers: export, checks, element types |
 //! | `store.rs` | `Communicator.from_store`: meeting through a store the program brings (PyTorch's) |
@@ -21,6 +22,7 @@
 mod buffer;
 mod calls;
 mod comm;
+mod dispatch;
 mod error;
 mod store;
 mod work;
