@@ -8,6 +8,7 @@
 // and from C++ programs written against libtorch: construct it from a c10d::Store.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -156,6 +157,11 @@ class ProcessGroupXCCL : public c10d::Backend {
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+    // The group's sequence number: every rank starts at 0 when the group is made, and each
+    // operation issued takes the next one (what PyTorch's checks of subgroups compare).
+    void setSequenceNumberForGroup() override { seq_ = 0; }
+    uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
     // Aborts the communicator: operations in progress fail, peers are told.
     void abort() override;
     // Ends the group: waits for issued operations, then frees the communicator.
@@ -171,7 +177,7 @@ class ProcessGroupXCCL : public c10d::Backend {
 
     std::string name_;
     std::shared_ptr<GroupState> shared_;
-    uint64_t seq_ = 0;
+    std::atomic<uint64_t> seq_{0};
 };
 
 // Creates the backend for torch.distributed.Backend.register_backend (Python), with the
