@@ -82,7 +82,7 @@ def main(out):
         for size, r in native_rows(path).items():
             native.setdefault(size, []).append(r)
     sizes = sorted({b for b, _ in coll})
-    print("| size | gloo µs | xccl µs | gloo busbw GB/s | xccl busbw GB/s | xccl / gloo busbw | native xccl bench busbw | torch-xccl / native |")
+    print("| size | gloo µs | xccl µs | gloo busbw GB/s | xccl busbw GB/s | xccl / gloo | native xccl bench busbw | torch-xccl / native |")
     print("|---|---|---|---|---|---|---|---|")
     for size in sizes:
         g = coll.get((size, "gloo"), [])
@@ -90,8 +90,12 @@ def main(out):
         gus, xus = median([r["us"] for r in g]), median([r["us"] for r in x])
         gbw, xbw = median([r["busbw_GBps"] for r in g]), median([r["busbw_GBps"] for r in x])
         nbw = median([r["busbw"] for r in native.get(size, [])])
+        def ratio(a, b, fmt):
+            return fmt.format(a / b) if b else "-"
+
         print(
-            f"| {size} B | {gus:.1f} | {xus:.1f} | {gbw:.3f} | {xbw:.3f} | {xbw / gbw:.2f}x | {nbw:.3f} | {xbw / nbw:.0%} |"
+            f"| {size} B | {gus:.1f} | {xus:.1f} | {gbw:.3f} | {xbw:.3f} | {ratio(gus, xus, '{:.1f}x faster')} "
+            f"| {nbw:.3f} | {ratio(xbw, nbw, '{:.0%}')} |"
         )
     ddp = {}
     for path in sorted(glob.glob(os.path.join(out, "ddp_*.json"))):
