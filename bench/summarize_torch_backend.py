@@ -49,6 +49,12 @@ def latencies(out):
                 f = line.split()
                 f = f[1:] if f[0].startswith("[") else f
                 c10d.setdefault(f[1], []).append(float(f[-2]))
+    floor = {}
+    for path in sorted(glob.glob(os.path.join(out, "floor_*.txt"))):
+        for line in open(path):
+            if line.startswith("floor "):
+                what, rest = line[len("floor ") :].split(":", 1)
+                floor.setdefault(what, []).append(float(rest.split()[0]))
     if not (rust or capi or c10d):
         return
     print("| 8 B all-reduce, 2 ranks | µs: median (min-max, launches) |")
@@ -57,6 +63,8 @@ def latencies(out):
     print(f"| C API `xcclAllReduce` | {spread(capi)} |")
     for mode, xs in sorted(c10d.items()):
         print(f"| c10d `ProcessGroupXCCL::allreduce` from C++ ({mode}) | {spread(xs)} |")
+    for what, xs in sorted(floor.items()):
+        print(f"| 1 rank (no communication): `{what}` | {spread(xs)} |")
     if rust and capi:
         print(f"\nC API / Rust (medians): {median(capi) / median(rust):.3f}")
     print()

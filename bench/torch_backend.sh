@@ -5,6 +5,7 @@
 #      latency, 64 MiB bus bandwidth), and `xccl bench all_reduce --inplace` (the Rust call,
 #      same placement) for the same sizes in the same run;
 #   2. ProcessGroupXCCL from C++ (libtorch, c10d directly): 8 B all-reduce, sync and async;
+#      and what a call costs before communicating (a 1-rank group, bench/native/torch_floor.py);
 #   3. the C API's 8 B all-reduce (bench/native/capi_latency.c) against the Rust call's
 #      (`xccl bench all_reduce --sizes 8`), launches alternating;
 #   4. DDP training (bench/train_vs_torch.py's model) on each backend, interleaved runs.
@@ -44,6 +45,7 @@ for run in $(seq 1 "$RUNS"); do
         launch "$OUT/bin/capi_latency" 8 "$ITERS" >> "$OUT/capi_8B_$run.txt"
     done
     launch "$OUT/bin/c10d_latency" 8 "$ITERS" > "$OUT/c10d_$run.txt"
+    "$PY" bench/native/torch_floor.py > "$OUT/floor_$run.txt"
     "$PY" bench/torch_backend.py --ranks 2 --sizes 8,64M --out "$OUT/collectives_$run.json"
     launch "$XCCL" bench all_reduce --sizes 8,64M --inplace > "$OUT/native_$run.txt"
     for backend in gloo xccl; do

@@ -33,9 +33,14 @@ for run in $(seq 1 "$RUNS"); do
         port=$((port + 1))
         pids=()
         for h in 0 1; do
+            # The namespaces share the machine's host name, which no namespace reaches: torchrun
+            # is told its own address and which host serves the rendezvous, gloo its interface.
+            is_host=$([ "$h" = 0 ] && echo 1 || echo 0)
             bash bench/cluster.sh exec "$name" "$h" -- env PYTHONPATH="$PYTHONPATH" XCCL_HOST_KEY="$name-h$h" \
+                GLOO_SOCKET_IFNAME=eth0 \
                 "$PY" -m torch.distributed.run --nnodes 2 --nproc_per_node "$NPROC" --rdzv-backend c10d \
-                --rdzv-endpoint "10.77.0.1:$port" --rdzv-id "bench$run$backend" \
+                --rdzv-endpoint "10.77.0.1:$port" --rdzv-id "bench$run$backend" --max-restarts 0 \
+                --local-addr "10.77.0.$((h + 1))" --rdzv-conf "is_host=$is_host" \
                 bench/train_vs_torch.py --backend "$backend" --dp "$dp" --steps "$STEPS" \
                 --out "$OUT/ddp_${backend}_$run.json" > "$OUT/log_${backend}_${run}_h$h.txt" 2>&1 &
             pids+=($!)
