@@ -1,8 +1,9 @@
 //! PyTorch's own distributed tests (`torch.testing._internal.distributed.distributed_test`, run
 //! as PyTorch runs them for Gloo: `bench/torch_suite.py`) on the native backend, registered as
 //! `"xccl_cpu"` (the suite takes "xccl" for PyTorch's Intel backend). CI runs the subset in
-//! `bench/torch_suite_ci.txt` (tests that pass on Gloo, covering every collective, sub-groups,
-//! destroying groups, async work, send/recv and DDP) at `WORLD_SIZE=2`; every one must pass.
+//! `bench/torch_suite_ci.txt` (tests that pass on Gloo, covering rooted and unrooted
+//! collectives, sub-groups, destroying groups, async work, send/recv and DDP) at
+//! `WORLD_SIZE=2`; every one must pass.
 //! The whole suite at 2 and 3 ranks, against Gloo: `bench/torch_suite.sh`, results in
 //! docs/PERFORMANCE.md. Skipped, saying why, without a Python with PyTorch and pytest or a C++
 //! compiler; `.ci/run` sets them up.
