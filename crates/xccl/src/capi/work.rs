@@ -54,10 +54,7 @@ pub unsafe extern "C" fn xcclWait(work: xcclWork_t, timeoutMs: i64) -> xcclResul
             return xcclInProgress;
         }
     }
-    match guard(|| w.done.wait_result()) {
-        r if r == xcclSuccess => xcclSuccess,
-        r => r,
-    }
+    guard(|| w.done.wait_result())
 }
 
 /// Frees the handle. An operation still in progress goes on (the collective needs every
