@@ -19,12 +19,10 @@ pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
     }
 }
 impl Engine {
-    /// Fails operation `op` if the program aborted the communicator.
-    pub(super) fn check_cancel(&self, op: &str) -> Result<()> {
+    /// Fails operation `op` (named only then) if the program aborted the communicator.
+    pub(super) fn check_cancel(&self, op: impl Fn() -> String) -> Result<()> {
         match self.cancel.get() {
-            Some(reason) => {
-                Err(Error::Cancelled { op: op.to_string(), rank: self.rank, reason: reason.clone() })
-            }
+            Some(reason) => Err(Error::Cancelled { op: op(), rank: self.rank, reason: reason.clone() }),
             None => Ok(()),
         }
     }
@@ -106,7 +104,7 @@ impl Engine {
         if let Some(e) = &self.dead {
             return Err(Error::Aborted(Box::new(e.clone())));
         }
-        self.check_cancel(&op())?;
+        self.check_cancel(&op)?;
         match self.links.first_failed() {
             Some((peer, Closed::Aborted { origin, reason })) => {
                 Err(Error::RemoteAbort { op: op(), peer, origin: *origin, reason: reason.clone() })

@@ -152,7 +152,7 @@ impl Engine {
             if want.iter().all(|w| !w.read && !w.write) {
                 return Err(Error::Internal(format!("{}: step stalled with nothing to wait for", run.op())));
             }
-            self.check_cancel(&run.op())?;
+            self.check_cancel(|| run.op())?;
             let idle_for = idle.elapsed();
             if idle_for >= self.tuning.timeout {
                 return Err(self.timeout_error(run, idle_for));
