@@ -34,7 +34,8 @@ export PYTHONPATH="$PWD/$OUT/pkg"
 cc -O2 -std=c11 bench/native/capi_latency.c -I"$OUT/prefix/include" -L"$OUT/prefix/lib" -lxccl \
     -Wl,-rpath,"$PWD/$OUT/prefix/lib" -o "$OUT/bin/capi_latency"
 torch_dir=$("$PY" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
-c++ -O2 -std=c++20 bench/native/c10d_latency.cpp python/xccl/csrc/ProcessGroupXCCL.cpp -Ipython/xccl/csrc \
+c++ -O2 -std=c++20 bench/native/c10d_latency.cpp python/xccl/csrc/ProcessGroupXCCL.cpp \
+    python/xccl/csrc/WorkXCCL.cpp -Ipython/xccl/csrc \
     -isystem "$torch_dir/include" -isystem "$torch_dir/include/torch/csrc/api/include" \
     -L"$torch_dir/lib" -ltorch -ltorch_cpu -lc10 -Wl,-rpath,"$torch_dir/lib" \
     -L"$OUT/prefix/lib" -lxccl -Wl,-rpath,"$PWD/$OUT/prefix/lib" -o "$OUT/bin/c10d_latency"

@@ -55,7 +55,7 @@ BACKEND = "xccl"
 ALIAS = "xccl_cpu"
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ["ProcessGroupXCCL.cpp", "init.cpp"]
+_SOURCES = ["ProcessGroupXCCL.cpp", "WorkXCCL.cpp", "init.cpp"]
 _module = None
 
 

@@ -180,6 +180,9 @@ class ProcessGroupXCCL : public c10d::Backend {
     std::atomic<uint64_t> seq_{0};
 };
 
+// The title of an operation of type `t` ("xccl:all_reduce"), for the profiler and errors.
+const char* opTitle(c10d::OpType t);
+
 // Creates the backend for torch.distributed.Backend.register_backend (Python), with the
 // group's store, rank, size and timeout, and the name it is registered under.
 c10::intrusive_ptr<c10d::Backend> createProcessGroupXCCL(const c10::intrusive_ptr<c10d::Store>& store,
