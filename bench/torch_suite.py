@@ -9,6 +9,8 @@ Usage (with the Python that has torch, pytest and xccl installed)::
     python bench/torch_suite.py --backend gloo,xccl_cpu --world-size 2,3   # full runs + comparison
     python bench/torch_suite.py --subset bench/torch_suite_ci.txt           # CI: exit 1 unless all pass
     python bench/torch_suite.py --compare out/torch_suite/gloo_ws2.json out/torch_suite/xccl_cpu_ws2.json
+    python bench/torch_suite.py --unskip gloo          # probe: run the tests kept for gloo alone on xccl
+    python bench/torch_suite.py ... --resume           # finish a run that was killed, keeping its results
 
 Each (backend, world size) run writes ``<out-dir>/<backend>_ws<N>.json`` (per test: outcome
 ``pass``/``fail``/``skip``, the skip reason or the failure's first line, seconds), the
@@ -354,9 +356,17 @@ def run_suite(backend: str, world_size: int, args, selected: list[str] | None) -
     tag = f"{backend}_ws{world_size}" + ("_unskip" if args.unskip else "")
     progress = os.path.join(args.out_dir, f"{tag}.progress.jsonl")
     logpath = os.path.join(args.out_dir, f"{tag}.log")
-    for p in (progress,):
-        if os.path.exists(p):
-            os.unlink(p)
+    previous: list[dict] = []
+    if os.path.exists(progress):
+        if args.resume:
+            with open(progress) as f:
+                for line in f:
+                    try:
+                        previous.append(json.loads(line))
+                    except ValueError:
+                        pass  # a line cut by a kill
+        else:
+            os.unlink(progress)
     temp_dir = tempfile.mkdtemp(prefix=f"torch_suite_{tag}_")
     os.makedirs(os.path.join(temp_dir, "barrier"), exist_ok=True)
     env = _suite_env(backend, world_size, args.timeout, temp_dir)
@@ -366,7 +376,7 @@ def run_suite(backend: str, world_size: int, args, selected: list[str] | None) -
 
     started = time.time()
     xccl_before = _xccl_identity()
-    logf = open(logpath, "w")
+    logf = open(logpath, "a" if args.resume else "w")
     _log(f"== {tag}: collecting", logf)
     all_ids = collect(env)
     if selected is not None:
@@ -391,11 +401,24 @@ def run_suite(backend: str, world_size: int, args, selected: list[str] | None) -
 
     results: dict[str, dict] = {}
     junit_outcomes: dict[str, str] = {}
-    remaining = list(ids)
+    earlier_wall = 0.0
+    if previous:
+        # --resume: keep what an interrupted run recorded; a test it started and did not
+        # finish runs again. Its wall time: from its first to its last record, per session.
+        for rec in previous:
+            if rec.get("event") == "report":
+                _record(results, rec)
+        stamps = [r["t"] for r in previous if "t" in r]
+        earlier_wall = max(stamps) - min(stamps) if stamps else 0.0
+        results = {n: r for n, r in results.items() if n in {_name(i) for i in ids}}
+        _log(f"== {tag}: resuming: {len(results)} tests already recorded", logf)
+    remaining = [i for i in ids if _name(i) not in results]
     chunk = 0
     watchdog = args.timeout + 60
     while remaining:
         chunk += 1
+        while os.path.exists(os.path.join(args.out_dir, f"{tag}.junit{chunk}.xml")) and previous:
+            chunk += 1  # keep an interrupted run's files
         junit = os.path.join(args.out_dir, f"{tag}.junit{chunk}.xml")
         cmd = _pytest_cmd(["-q", "-rN", f"--junitxml={junit}", *remaining])
         offset = os.path.getsize(progress) if os.path.exists(progress) else 0
@@ -462,7 +485,7 @@ def run_suite(backend: str, world_size: int, args, selected: list[str] | None) -
             _log(f"pytest exited rc {proc.returncode} with {len(left)} tests not run; marking {_name(first)} failed", logf)
             left = left[1:]
         remaining = left
-    wall = time.time() - started
+    wall = time.time() - started + earlier_wall
     shutil.rmtree(temp_dir, ignore_errors=True)
 
     # Cross-check against JUnit XML.
@@ -655,6 +678,8 @@ def main() -> int:
     ap.add_argument("--unskip", metavar="REGEX",
                     help="probe: also run tests skipped by decorator with a reason matching REGEX (e.g. gloo), "
                          "only those unless --tests/--subset; results in <backend>_ws<N>_unskip.json")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the results an interrupted run recorded (<out-dir>/<tag>.progress.jsonl) and run the rest")
     ap.add_argument("--quiet-table", action="store_true", help="do not print the per-test table")
     args = ap.parse_args()
 
