@@ -31,7 +31,7 @@ use crate::stall::Board;
 use crate::stream::{JobOp, Stream};
 use crate::transport::local::{self, LocalMesh};
 use crate::transport::shm::{self, ShmSegment};
-use crate::transport::{Links, Memory, polling_for};
+use crate::transport::{Links, Memory};
 use crate::work::{Completion, Event, OpSpan, Work};
 
 /// A group of ranks that run collectives together.
@@ -127,13 +127,15 @@ impl TcpFabric {
                 &pids,
             )?;
             let mut procs = Vec::new();
+            let mut index = vec![None; members.len()];
             for (i, &q) in local.iter().enumerate() {
+                index[q] = Some(i);
                 if q != rank {
                     links[q] = Some(Box::new(seg.link(me, i)));
                     procs.push((q, i, self.pids[members[q]]));
                 }
             }
-            memory = Some(Memory { host: seg, me, polling: polling_for(local.len()), procs });
+            memory = Some(Memory::new(seg, me, index, procs));
         }
         Links::new(rank, links, memory).map_err(|e| Error::io("setting up links", e))
     }

@@ -8,7 +8,6 @@ use super::task::{Act, StepRun};
 use crate::error::{Error, Result};
 use crate::frame::{self, FrameKind, HEADER_LEN, Header};
 use crate::protocol::Protocol;
-use crate::transport::Polling;
 
 use super::failure::lost;
 
@@ -33,11 +32,8 @@ impl Engine {
     /// a full ring, a wait longer than a moment) hands the step, as it stands, to
     /// [`Engine::run_step`], which checks, waits and reports exactly as for any step.
     pub(super) fn run_express(&mut self, run: &mut StepRun<'_>) -> Result<()> {
-        // With more ranks than cores, looking again only keeps the awaited rank off the core.
-        let patience = match self.links.polling() {
-            Some(Polling::Spin(_)) => EXPRESS_POLLS,
-            _ => 0,
-        };
+        // Looking again only keeps the awaited rank off the core when it waits for this one.
+        let patience = if self.links.may_spin(&run.touched) { EXPRESS_POLLS } else { 0 };
         let mut polls = 0u32;
         loop {
             let mut progress = false;

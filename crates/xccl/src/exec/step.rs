@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::frame::OpDesc;
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Buf, Region};
-use crate::transport::{Interest, Polling};
+use crate::transport::{Interest, Polling, Spell};
 
 /// How often a waiting step asks whether a peer's host stopped answering.
 const LIVENESS_LOOK: Duration = Duration::from_secs(1);
@@ -83,9 +83,9 @@ impl Engine {
         let mut reported = 0;
         // When the step last stopped moving, and how many idle passes it has polled since.
         let mut idle_since: Option<Instant> = None;
-        let mut polls = 0u32;
+        // How the links are polled while the step does not move (memory links only).
+        let mut spell: Option<Spell> = None;
         let mut last_look = Instant::now();
-        let polling = self.links.polling();
         loop {
             let mut progress = false;
             if let Some(feed) = feed.as_deref_mut() {
@@ -119,28 +119,19 @@ impl Engine {
             }
             if progress {
                 idle_since = None;
-                polls = 0;
+                spell = None;
                 continue;
             }
             let idle = *idle_since.get_or_insert_with(Instant::now);
-            // Poll memory links for a while: a peer that is about to answer is cheaper to
-            // catch by looking than by sleeping and being woken (the clock is read only
-            // every 64 looks).
-            match polling {
-                Some(Polling::Spin(spin)) => {
-                    polls += 1;
-                    std::hint::spin_loop();
-                    if polls % 64 != 0 || idle.elapsed() < spin + run.copy_wait() {
-                        continue;
-                    }
+            // Poll memory links for a while (spinning, or yielding to a peer that needs this
+            // core; see `transport::idle`), then sleep.
+            if spell.is_none() {
+                spell = self.links.spell(&run.touched);
+            }
+            if let Some(s) = spell.as_mut() {
+                if self.links.pause(s, &run.touched, run.copy_wait()) {
+                    continue;
                 }
-                Some(Polling::Yield(budget)) => {
-                    std::thread::yield_now();
-                    if idle.elapsed() < budget + run.copy_wait() {
-                        continue;
-                    }
-                }
-                None => {}
             }
             // A message on the channel this rank does not expect it on will never be read.
             for k in 0..run.touched.len() {
@@ -163,7 +154,7 @@ impl Engine {
             if self.pump_all(run)? {
                 self.links.disarm();
                 idle_since = None;
-                polls = 0;
+                spell = None;
                 continue;
             }
             let nap = (self.tuning.timeout - idle_for).min(Duration::from_secs(1));

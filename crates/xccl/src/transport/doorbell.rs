@@ -90,6 +90,11 @@ impl Doorbell {
         Armed { token, sound: sleeper_barrier() }
     }
 
+    /// Whether the owner is asleep, or about to be (armed).
+    pub fn armed(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & ASLEEP != 0
+    }
+
     /// Takes the mark back (the last look found work).
     pub fn disarm(&self) {
         self.word.fetch_and(!ASLEEP, Ordering::SeqCst);

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::doorbell::Doorbell;
 use super::pull::Pull;
 use super::ring::{PeerStatus, RingControl, RingHost, RingLink, RingMem, RingRx, RingTx};
-use super::{Link, Links, Memory, polling_for};
+use super::{Link, Links, Memory};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -83,12 +83,16 @@ impl LocalMesh {
                 })
             })
             .collect();
-        let memory = Memory { host, me: rank, polling: polling_for(self.n), procs: Vec::new() };
+        let memory = Memory::new(host, rank, (0..self.n).map(Some).collect(), Vec::new());
         Links::new(rank, links, Some(memory)).map_err(|e| Error::io("setting up links", e))
     }
 }
 
 impl RingHost for LocalMesh {
+    fn members(&self) -> usize {
+        self.n
+    }
+
     fn bell(&self, rank: usize) -> &Doorbell {
         &self.slots[rank].bell
     }

@@ -8,6 +8,7 @@
 //! wait on any mix of them.
 
 pub(crate) mod doorbell;
+pub(crate) mod idle;
 pub(crate) mod ll;
 pub(crate) mod local;
 pub(crate) mod pull;
@@ -15,6 +16,7 @@ pub(crate) mod ring;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
+pub(crate) use idle::{Polling, Spell, polling_for};
 pub(crate) use ll::LlRecv;
 
 use std::io::{self, IoSlice};
@@ -193,29 +195,6 @@ impl Waker {
     }
 }
 
-/// How a rank blocked on memory links polls them before it sleeps on its doorbell.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Polling {
-    /// Every rank of the host has a core of its own: look again and again, for this long.
-    Spin(Duration),
-    /// More ranks than cores: give the core away between looks (the rank waited for may be
-    /// the one that gets it), for this long. Being woken from a sleep instead would wait for
-    /// the scheduler to preempt whoever holds the core.
-    Yield(Duration),
-}
-
-/// How long a blocked memory-link waiter spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
-
-/// How long a blocked memory-link waiter on a crowded host yields before it sleeps.
-const YIELD: Duration = Duration::from_millis(1);
-
-/// How `ranks` ranks sharing this host poll.
-pub(crate) fn polling_for(ranks: usize) -> Polling {
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    if ranks <= cores { Polling::Spin(SPIN) } else { Polling::Yield(YIELD) }
-}
-
 /// How often a rank sleeping on memory links looks whether their processes still exist.
 const LIVENESS: Duration = Duration::from_millis(100);
 
@@ -229,6 +208,24 @@ pub(crate) struct Memory {
     pub polling: Polling,
     /// Processes behind memory links (shared memory): (rank, index in `host`, pid).
     pub procs: Vec<(usize, usize, i32)>,
+    /// Each rank's index in `host`, for the ranks on memory links (and this one).
+    index: Vec<Option<usize>>,
+    /// When this rank last moved to a free core (see [`idle`]).
+    moved: Option<std::time::Instant>,
+}
+
+impl Memory {
+    /// The memory links of member `me` of `host`; `index[rank]` is each rank's member
+    /// index, `procs` the processes to watch.
+    pub fn new(
+        host: Arc<dyn RingHost>,
+        me: usize,
+        index: Vec<Option<usize>>,
+        procs: Vec<(usize, usize, i32)>,
+    ) -> Memory {
+        let polling = polling_for(host.members());
+        Memory { host, me, polling, procs, index, moved: None }
+    }
 }
 
 /// Turns rings of a doorbell into eventfd writes, so that a rank with socket and memory
@@ -372,6 +369,33 @@ impl Links {
         match (&self.memory, &self.event) {
             (Some(m), None) => Some(m.polling),
             _ => None,
+        }
+    }
+
+    /// Starts a spell of waiting on `peers` (see [`idle`]); `None` when the links are not
+    /// worth polling.
+    pub fn spell(&mut self, peers: &[usize]) -> Option<Spell> {
+        match (&mut self.memory, &self.event) {
+            (Some(m), None) => Some(m.spell(peers)),
+            _ => None,
+        }
+    }
+
+    /// One look at the links that found nothing, in `spell`: pauses, and returns whether to
+    /// look again before sleeping.
+    pub fn pause(&mut self, spell: &mut Spell, peers: &[usize], extra: std::time::Duration) -> bool {
+        match (&mut self.memory, &self.event) {
+            (Some(m), None) => m.pause(spell, peers, extra),
+            _ => false,
+        }
+    }
+
+    /// Whether a wait on `peers` should spin before it takes the slow path: memory links
+    /// only, a core for every rank, and none of `peers` queued on this rank's core.
+    pub fn may_spin(&self, peers: &[usize]) -> bool {
+        match (&self.memory, &self.event) {
+            (Some(m), None) => m.may_spin(peers),
+            _ => false,
         }
     }
 

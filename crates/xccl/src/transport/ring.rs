@@ -52,6 +52,8 @@ pub(crate) struct PeerStatus {
     origin: AtomicU32,
     len: AtomicU32,
     reason: [AtomicU8; REASON_CAP],
+    /// The core the rank last waited on, plus one (0: not known).
+    cpu: AtomicU32,
 }
 
 impl Default for PeerStatus {
@@ -61,6 +63,7 @@ impl Default for PeerStatus {
             origin: AtomicU32::new(0),
             len: AtomicU32::new(0),
             reason: [const { AtomicU8::new(0) }; REASON_CAP],
+            cpu: AtomicU32::new(0),
         }
     }
 }
@@ -95,6 +98,17 @@ impl PeerStatus {
         self.store(VANISHED, 0, reason);
     }
 
+    /// Records the core the rank waits on (see `transport::idle`).
+    pub fn set_cpu(&self, cpu: Option<usize>) {
+        let word = cpu.and_then(|c| u32::try_from(c + 1).ok()).unwrap_or(0);
+        self.cpu.store(word, Ordering::Relaxed);
+    }
+
+    /// The core the rank last waited on, if known.
+    pub fn cpu(&self) -> Option<usize> {
+        (self.cpu.load(Ordering::Relaxed) as usize).checked_sub(1)
+    }
+
     /// How the rank ended, or `None` while it is alive.
     pub fn get(&self) -> Option<Closed> {
         match self.state.load(Ordering::Acquire) {
@@ -117,6 +131,8 @@ impl PeerStatus {
 
 /// Owner of the memory that rings, doorbells and statuses live in.
 pub(crate) trait RingHost: Send + Sync {
+    /// How many members share the host's memory.
+    fn members(&self) -> usize;
     /// The doorbell of `rank`.
     fn bell(&self, rank: usize) -> &Doorbell;
     /// The status of `rank`.

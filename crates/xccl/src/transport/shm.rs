@@ -388,6 +388,10 @@ impl ShmSegment {
 }
 
 impl RingHost for ShmSegment {
+    fn members(&self) -> usize {
+        self.layout.m
+    }
+
     fn bell(&self, member: usize) -> &Doorbell {
         &self.slot(member).bell
     }
