@@ -91,6 +91,12 @@ impl CollKind {
         CollKind::COLLECTIVES.into_iter().find(|k| k.name().replace('_', "") == norm)
     }
 
+    /// Whether receivers combine what arrives with what they hold (reduce, all-reduce,
+    /// reduce-scatter), rather than only place it.
+    pub fn combines(self) -> bool {
+        matches!(self, CollKind::Reduce | CollKind::AllReduce | CollKind::ReduceScatter)
+    }
+
     /// Whether data flows one way (broadcast, scatter, gather): a sender has nothing to do
     /// but send.
     pub fn one_way(self) -> bool {

@@ -422,6 +422,7 @@ impl Costing {
                     len: src.len * self.esize,
                     has_dependents: self.orders[r][s].has_dependents(j),
                     sole_one_way: self.kind.one_way() && !self.crowded && sole,
+                    plain: !self.kind.combines() && (!self.crowded || !self.kind.one_way()),
                     pull_min: self.topo.pull_min,
                 };
                 Some(protocol::for_send(&m, &self.topo.link(r, peer), allowed))

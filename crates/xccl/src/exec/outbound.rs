@@ -105,6 +105,7 @@ impl Engine {
                     len: t.span.len,
                     has_dependents: t.has_dependents,
                     sole_one_way: false,
+                    plain: true,
                     pull_min: self.tuning.pull_min,
                 };
                 let allowed = self.tuning.protocols.for_kind(CollKind::SendRecv).without(Protocol::Ll);

@@ -169,6 +169,7 @@ fn compile(
                         len: src.len * esize,
                         has_dependents,
                         sole_one_way: one_way && sole,
+                        plain: !desc.kind.combines() && (how.spinning || !desc.kind.one_way()),
                         pull_min: how.pull_min,
                     };
                     (
