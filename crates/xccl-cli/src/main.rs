@@ -31,8 +31,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Train a model with data parallelism on local ranks (the main job); started by a
-    /// launcher (xccl run, torchrun, mpirun, srun), one of its ranks.
+    /// Train a model on local ranks with data (DDP, ZeRO, parameter server), tensor, sequence
+    /// and pipeline parallelism (the main job); started by a launcher (xccl run, torchrun,
+    /// mpirun, srun), one of its ranks.
     Train(Box<train::TrainArgs>),
     /// Launch N ranks of a program as local processes: `xccl run -n 4 -- PROGRAM ARGS`
     /// (`--max-restarts K`: start the job again when a rank fails).

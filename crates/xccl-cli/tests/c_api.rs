@@ -107,7 +107,7 @@ fn run(n: usize, exe: &Path) {
 fn the_c_example_checks_every_collective_under_xccl_run() {
     let b = match built() {
         Ok(b) => b,
-        Err(why) => return eprintln!("skipping: {why}"),
+        Err(why) => return common::require::skip("cc", why),
     };
     for n in [1, 2, 3] {
         run(n, &b.c);
@@ -122,7 +122,7 @@ fn the_c_example_checks_every_collective_under_xccl_run() {
 fn the_cpp_example_meets_by_unique_id_and_sees_an_abort() {
     let b = match built() {
         Ok(b) => b,
-        Err(why) => return eprintln!("skipping: {why}"),
+        Err(why) => return common::require::skip("cc", why),
     };
     assert!(b.prefix.join("include/xccl.h").exists());
     for n in [2, 3] {
@@ -134,11 +134,11 @@ fn the_cpp_example_meets_by_unique_id_and_sees_an_abort() {
 fn the_c_example_runs_across_two_emulated_hosts() {
     let b = match built() {
         Ok(b) => b,
-        Err(why) => return eprintln!("skipping: {why}"),
+        Err(why) => return common::require::skip("cc", why),
     };
     let c = match cluster::Cluster::up(&format!("capi{}", std::process::id() % 10000), &["--hosts", "2"]) {
         Ok(c) => c,
-        Err(why) => return eprintln!("skipping: {why}"),
+        Err(why) => return common::require::skip("netns", why),
     };
     for exe in [&b.c, &b.cpp] {
         let exe = exe.display().to_string();

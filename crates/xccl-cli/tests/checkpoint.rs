@@ -103,13 +103,16 @@ fn python_check(exported: &Path, source: &Path) {
     let probe = Command::new("python3").args(["-c", "import safetensors.numpy, numpy"]).output();
     match probe {
         Err(e) => {
-            eprintln!("SKIPPED the Python check: python3 cannot be run ({e})");
+            common::require::skip("python", format!("the Python check: python3 cannot be run ({e})"));
             return;
         }
         Ok(out) if !out.status.success() => {
             let why = String::from_utf8_lossy(&out.stderr);
             let why = why.lines().last().unwrap_or("unknown reason");
-            eprintln!("SKIPPED the Python check: `import safetensors.numpy, numpy` fails: {why}");
+            common::require::skip(
+                "python",
+                format!("the Python check: `import safetensors.numpy, numpy` fails: {why}"),
+            );
             return;
         }
         Ok(_) => {}

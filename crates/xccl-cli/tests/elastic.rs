@@ -278,7 +278,7 @@ fn a_mesh_that_does_not_match_the_launchers_world_is_refused_on_every_rank() {
 #[test]
 fn xccl_train_as_ranks_of_mpirun_equals_xccl_train_launching_itself() {
     if Command::new("mpirun").arg("--version").output().is_err() {
-        eprintln!("skipping: no mpirun on the PATH");
+        common::require::skip("mpi", "no mpirun on the PATH");
         return;
     }
     let (whole, reference) = uninterrupted("mpirun-whole");

@@ -2,8 +2,10 @@
 //! killed, stopped, cut off or throttled in the middle of random collectives. No survivor
 //! may hang or return a wrong result, none may take longer than its limit to fail, nothing
 //! of the job may be left behind, and a killed rank must be named. Skipped, saying why,
-//! where network namespaces cannot be made or Python is missing. The full campaign (200
-//! trials) runs from `bench/`.
+//! where network namespaces cannot be made or Python is missing (unless `XCCL_REQUIRE` names
+//! them). The full campaign (200 trials) runs from `bench/`.
+
+mod common;
 
 use std::process::Command;
 
@@ -12,11 +14,11 @@ const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 #[test]
 fn a_short_fault_campaign_on_the_emulated_cluster() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("skipping: not root, and the emulated cluster needs network namespaces");
+        common::require::skip("netns", "not root, and the emulated cluster needs network namespaces");
         return;
     }
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipping: python3 not found (it runs bench/faults.py)");
+        common::require::skip("python", "python3 not found (it runs bench/faults.py)");
         return;
     }
     let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -31,7 +33,7 @@ fn a_short_fault_campaign_on_the_emulated_cluster() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("cluster.sh") && stdout.is_empty() {
-        eprintln!("skipping: the emulated cluster could not be made: {stderr}");
+        common::require::skip("netns", format!("the emulated cluster could not be made: {stderr}"));
         return;
     }
     println!("{stdout}");

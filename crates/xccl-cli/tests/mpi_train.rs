@@ -74,7 +74,10 @@ fn under_mpirun(ranks: usize, out: &Path, args: &[&str]) -> Output {
 #[test]
 fn training_under_mpirun_matches_the_native_backend() {
     if Command::new(mpirun()).arg("--version").output().is_err() {
-        eprintln!("skipping: {} not found (install Open MPI or MPICH, see docs/MPI.md)", mpirun());
+        common::require::skip(
+            "mpi",
+            format!("{} not found (install Open MPI or MPICH, see docs/MPI.md)", mpirun()),
+        );
         return;
     }
     // DDP (all-reduce of buckets, checkpoints written from a duplicate communicator on a

@@ -63,7 +63,7 @@ fn run(launcher: &[&str], script: &str, args: &[&str], env: &[(&str, &str)]) -> 
     let s = match setup() {
         Ok(s) => s,
         Err(why) => {
-            eprintln!("skipping: {why}");
+            common::require::skip("python", why);
             return None;
         }
     };
@@ -194,7 +194,10 @@ fn has_torch() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("skipping: {} has no PyTorch (pip install torch, or run .ci/run once)", s.python);
+        common::require::skip(
+            "torch",
+            format!("{} has no PyTorch (pip install torch, or run .ci/run once)", s.python),
+        );
     }
     ok
 }

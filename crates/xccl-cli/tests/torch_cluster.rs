@@ -157,14 +157,14 @@ fn run(case: &str, secrets: [Option<&str>; 2]) -> Option<Job> {
     let c = match Cluster::up(&format!("tc{case}{}", std::process::id() % 100_000), &["--hosts", "2"]) {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("skipping: {why}");
+            common::require::skip("netns", why);
             return None;
         }
     };
     let s = match setup() {
         Ok(s) => s,
         Err(why) => {
-            eprintln!("skipping: {why}");
+            common::require::skip("torch", why);
             return None;
         }
     };

@@ -23,15 +23,15 @@ fn pytorchs_distributed_tests_pass_on_xccl() {
     let pytest =
         Command::new(&python).args(["-c", "import pytest"]).output().is_ok_and(|o| o.status.success());
     if !pytest {
-        return eprintln!(
-            "skipping: {} has no pytest (pip install pytest, or run .ci/run)",
-            python.display()
+        return common::require::skip(
+            "torch",
+            format!("{} has no pytest (pip install pytest, or run .ci/run)", python.display()),
         );
     }
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("torch-suite");
     common::package::assemble(&root).expect("assembling the package");
     if let Err(why) = common::package::build_backend(&python, &root) {
-        return eprintln!("skipping: {why}");
+        return common::require::skip("torch", why);
     }
     let out = Command::new(&python)
         .arg(Path::new(REPO).join("bench/torch_suite.py"))

@@ -9,7 +9,8 @@ use crate::data::{Task, TaskConfig};
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, ModelKind};
 use crate::optim::OptimConfig;
-use crate::pipeline::schedule::{Kind, Shape};
+use crate::pipeline::schedule::Shape;
+pub use crate::pipeline::stages::{Balance, PipelineConfig};
 
 /// Bucket sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,35 +102,6 @@ pub struct CheckpointConfig {
     /// The id of the job that writes the checkpoints (kept in their metadata as `run`), so a
     /// restarted attempt of the job can tell its own checkpoints from an earlier job's.
     pub run: Option<String>,
-}
-
-/// How the blocks of the model are divided into pipeline stages.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Balance {
-    /// Contiguous blocks with about equal parameter counts (the most in one stage as small
-    /// as it can be).
-    Params,
-    /// Contiguous blocks with about equal forward and backward time, measured on one rank
-    /// before training.
-    Time,
-    /// This many blocks in each stage (or chunk, with virtual stages), in order.
-    Blocks(Vec<usize>),
-}
-
-/// Pipeline parallelism: the model cut between blocks into stages that work on
-/// micro-batches at the same time ([`crate::pipeline`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PipelineConfig {
-    /// Pipeline stages (ranks along the pipeline axis).
-    pub stages: usize,
-    /// The order of forwards and backwards on each stage.
-    pub schedule: Kind,
-    /// Model chunks per stage (interleaved schedule; 1 otherwise).
-    pub virtual_stages: usize,
-    /// Keep only each micro-batch's stage input and run the forward again in backward.
-    pub recompute: bool,
-    /// How blocks are divided into stages.
-    pub balance: Balance,
 }
 
 /// A training run.

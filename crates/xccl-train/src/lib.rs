@@ -1,7 +1,8 @@
 //! # xccl-train — parallel training on candle tensors over xccl
 //!
 //! Turns a single-process training program into an equivalent parallel one: data
-//! parallelism and tensor (Megatron) and sequence parallelism on a device mesh. Tensors,
+//! parallelism (DDP, ZeRO stages 1–3, a parameter server), tensor (Megatron) and sequence
+//! parallelism, and pipeline parallelism (GPipe, 1F1B, interleaved 1F1B) on a device mesh. Tensors,
 //! autograd and layers come from [candle](https://github.com/huggingface/candle) (CPU); the
 //! communication is [`xccl`]'s collectives. This crate knows nothing about sockets, and
 //! `xccl` knows nothing about neural networks.
@@ -16,7 +17,12 @@
 //!   started as soon as its blocks' backward is done, overlapping the rest of backward.
 //! - [`ps`]: a parameter server with sharded servers, synchronous or with a bounded
 //!   staleness (stale synchronous parallel).
-//! - [`mesh`]: the world as a `dp × tp` grid with a communicator per axis; [`tp`]: Megatron's
+//! - [`zero`]: ZeRO stages 1–3 over the data axis: optimiser state, gradients and (stage 3)
+//!   parameters sharded, gathered block by block for forward and backward.
+//! - [`pipeline`]: stages of consecutive blocks, schedules as data (GPipe, 1F1B, interleaved)
+//!   checked for matching, deadlock freedom and their closed-form bubble, and the executor
+//!   that runs them with activations and gradients sent between stages.
+//! - [`mesh`]: the world as a `pp × dp × tp` grid with a communicator per axis; [`tp`]: Megatron's
 //!   column- and row-parallel layers, heads split over the group, vocabulary-parallel
 //!   embedding and cross-entropy, sequence parallelism, the communication as autograd ops.
 //! - [`trainer::train`] composes them on any communicator ([`run`] holds what every

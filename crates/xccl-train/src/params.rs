@@ -414,22 +414,6 @@ impl ParamSet {
         self.layout.len()
     }
 
-    /// This rank's flat vector, cut from the full flat vector `full` (checkpoints, starts).
-    pub fn local_of_full(&self, full: &[f32]) -> Result<Vec<f32>> {
-        if full.len() != self.full_len() {
-            return Err(Error::internal(format!(
-                "{} values given for {} full parameter elements",
-                full.len(),
-                self.full_len()
-            )));
-        }
-        let mut local = Vec::with_capacity(self.len);
-        for s in &self.slots {
-            local.extend(s.param.shard.slice(&s.param.full_shape, &full[s.full_range()]));
-        }
-        Ok(local)
-    }
-
     /// The full flat vector from every tensor-parallel rank's flat vector (`locals[r]` is
     /// rank `r`'s, as laid out by the same model built for rank `r`). Parameters this part
     /// of the model does not own (other pipeline stages', mirrors) are left zero.

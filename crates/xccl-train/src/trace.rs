@@ -83,11 +83,6 @@ impl Trace {
         Trace { track: track.into(), on, spans: Vec::new() }
     }
 
-    /// Whether spans are recorded.
-    pub fn is_on(&self) -> bool {
-        self.on
-    }
-
     /// Runs `f` as a compute span named `name()` (only called when recording).
     pub fn span<R>(&mut self, name: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
         if !self.on {

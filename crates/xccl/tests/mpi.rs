@@ -28,7 +28,10 @@ fn collectives_under_mpirun() {
     }
     let mpirun = std::env::var("MPIRUN").unwrap_or_else(|_| "mpirun".into());
     let Ok(version) = Command::new(&mpirun).arg("--version").output() else {
-        eprintln!("skipping: {mpirun} not found (install Open MPI or MPICH, see docs/MPI.md)");
+        common::require::skip(
+            "mpi",
+            format!("{mpirun} not found (install Open MPI or MPICH, see docs/MPI.md)"),
+        );
         return;
     };
     eprintln!("mpirun: {}", String::from_utf8_lossy(&version.stdout).lines().next().unwrap_or("?"));

@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod package;
+#[path = "../../../xccl/tests/common/require.rs"]
+pub mod require;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,8 +59,9 @@ pub fn torch_python() -> Option<PathBuf> {
             .is_ok_and(|s| s.success())
     });
     if found.is_none() {
-        eprintln!(
-            "skipping: no Python with PyTorch (set XCCL_TEST_PYTHON, or run .ci/run once to set up its venv)"
+        require::skip(
+            "torch",
+            "no Python with PyTorch (set XCCL_TEST_PYTHON, or run .ci/run once to set up its venv)",
         );
     }
     found

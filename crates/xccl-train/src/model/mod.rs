@@ -112,8 +112,6 @@ pub struct Model {
     blocks: Vec<Box<dyn Block>>,
     /// For each block, its index in the whole model.
     global: Vec<usize>,
-    /// Blocks in the whole model.
-    whole: usize,
     params: ParamSet,
     /// The tensor-parallel group the blocks were built for.
     tp: Tp,
@@ -202,20 +200,6 @@ impl Model {
         Model::assemble(config.clone(), blocks, global, Arc::new(layout), tp.clone())
     }
 
-    /// A whole model from blocks built elsewhere for tensor-parallel group `tp`.
-    pub fn from_blocks(config: ModelConfig, blocks: Vec<Box<dyn Block>>, tp: Tp) -> Result<Model> {
-        let mut layout = Layout::new(
-            blocks.iter().map(|b| b.params().iter().map(|p| (p.name(), p.full_shape())).collect()),
-        );
-        for (k, b) in blocks.iter().enumerate() {
-            for p in b.shared() {
-                layout.share(k, p.name());
-            }
-        }
-        let global = (0..blocks.len()).collect();
-        Model::assemble(config, blocks, global, Arc::new(layout), tp)
-    }
-
     fn assemble(
         config: ModelConfig,
         blocks: Vec<Box<dyn Block>>,
@@ -223,7 +207,6 @@ impl Model {
         layout: Arc<Layout>,
         tp: Tp,
     ) -> Result<Model> {
-        let whole = layout.entries().iter().map(|e| e.block + 1).max().unwrap_or(0).max(blocks.len());
         // A shared parameter no block here owns belongs to a block of another stage: the
         // block that uses it holds a copy.
         let mut owned_params: Vec<Vec<Param>> = blocks.iter().map(|b| b.params().to_vec()).collect();
@@ -270,17 +253,12 @@ impl Model {
             used.push(all);
             owned.push(own);
         }
-        Ok(Model { config, blocks, global, whole, params, tp, used, owned })
+        Ok(Model { config, blocks, global, params, tp, used, owned })
     }
 
     /// For each block, its index in the whole model.
     pub fn global_blocks(&self) -> &[usize] {
         &self.global
-    }
-
-    /// The number of blocks of the whole model.
-    pub fn whole_blocks(&self) -> usize {
-        self.whole
     }
 
     /// The tensor-parallel group it was built for.

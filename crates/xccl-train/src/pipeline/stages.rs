@@ -13,9 +13,39 @@
 
 use std::ops::Range;
 
-use crate::config::{Balance, PipelineConfig};
+use super::schedule::Kind;
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
+
+/// How the blocks of the model are divided into pipeline stages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Contiguous blocks with about equal parameter counts (the most in one stage as small
+    /// as it can be).
+    Params,
+    /// Contiguous blocks with about equal forward and backward time, measured on one rank
+    /// before training.
+    Time,
+    /// This many blocks in each stage (or chunk, with virtual stages), in order.
+    Blocks(Vec<usize>),
+}
+
+/// Pipeline parallelism: the model cut between blocks into stages that work on
+/// micro-batches at the same time ([`crate::pipeline`]). Also reachable as
+/// `config::PipelineConfig`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// Pipeline stages (ranks along the pipeline axis).
+    pub stages: usize,
+    /// The order of forwards and backwards on each stage.
+    pub schedule: Kind,
+    /// Model chunks per stage (interleaved schedule; 1 otherwise).
+    pub virtual_stages: usize,
+    /// Keep only each micro-batch's stage input and run the forward again in backward.
+    pub recompute: bool,
+    /// How blocks are divided into stages.
+    pub balance: Balance,
+}
 
 /// The number of blocks of a model: the embedding, one per layer, the head.
 pub fn blocks(model: &ModelConfig) -> usize {

@@ -93,11 +93,6 @@ impl ShardLayout {
         &self.units
     }
 
-    /// The unit holding block `block`'s parameters, if it has any.
-    pub fn unit_of_block(&self, block: usize) -> Option<usize> {
-        self.units.iter().position(|u| u.block == block)
-    }
-
     /// The unit holding flat element `at`, if any.
     pub fn unit_of_element(&self, at: usize) -> Option<usize> {
         self.units.iter().position(|u| u.range.contains(&at))

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod forms;
+pub mod require;
 
 use std::time::Duration;
 
