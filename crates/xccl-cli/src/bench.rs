@@ -81,23 +81,13 @@ impl Coll {
         }
     }
 
-    /// nccl-tests' bus-bandwidth factor.
+    /// nccl-tests' bus-bandwidth factor ([`CollKind::bus_factor`]).
     pub fn busbw_factor(self, n: usize) -> f64 {
-        let n = n as f64;
-        match self {
-            Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::AllGather
-            | Coll::ReduceScatter
-            | Coll::ReduceScatterV
-            | Coll::AllToAll
-            | Coll::Scatter
-            | Coll::Gather => (n - 1.0) / n,
-            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
-        }
+        self.kind().map_or(1.0, |k| k.bus_factor(n))
     }
 
     fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::ReduceScatterV | Coll::Reduce)
+        self.kind().is_some_and(CollKind::combines)
     }
 
     fn rooted(self) -> bool {

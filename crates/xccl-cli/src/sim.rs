@@ -11,7 +11,7 @@ use xccl::CollKind;
 use xccl::algo::Algorithm;
 use xccl::algo::tune::CostModel;
 use xccl_sim::sweep::{sweep, tuner_pick};
-use xccl_sim::{Model, busbw_factor, report, spec};
+use xccl_sim::{Model, report, spec};
 
 /// Arguments of `xccl sim`.
 #[derive(clap::Args, Debug)]
@@ -138,7 +138,7 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
                         r.algo.name(),
                         o.time * 1e6,
                         algbw,
-                        algbw * busbw_factor(kind, n),
+                        algbw * kind.bus_factor(n),
                         r.wall
                     );
                 }

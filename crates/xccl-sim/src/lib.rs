@@ -67,14 +67,3 @@ impl Model {
         }
     }
 }
-
-/// The NCCL convention's factor from algorithm bandwidth to bus bandwidth on `n` ranks.
-pub fn busbw_factor(kind: xccl::CollKind, n: usize) -> f64 {
-    use xccl::CollKind as K;
-    let n = n as f64;
-    match kind {
-        K::AllReduce => 2.0 * (n - 1.0) / n,
-        K::AllGather | K::ReduceScatter | K::AllToAll => (n - 1.0) / n,
-        _ => 1.0,
-    }
-}

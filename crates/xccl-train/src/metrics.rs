@@ -3,7 +3,7 @@
 //! [`Summary`].
 
 use serde_json::{Value, json};
-use xccl::Communicator;
+use xccl::{CollKind, Communicator, SpanOp};
 
 use crate::data::Evaluation;
 use crate::error::{Error, Result};
@@ -60,26 +60,28 @@ pub struct RankReport {
 }
 
 /// Bytes a rank sends for operations `ops` of a communicator of `size` ranks, as a ring
-/// algorithm would (nccl-tests' bus-bandwidth convention, from each operation's input
-/// bytes `n`): an all-reduce `2(p−1)/p·n`, an all-gather `(p−1)·n`, a reduce-scatter
-/// `(p−1)/p·n`, a receive nothing (its sender counts it), anything else `n`; nothing on a group of one. By this measure Megatron's
-/// all-reduce of a tensor and sequence parallelism's all-gather + reduce-scatter of it are
-/// equal, as they are on the wire.
+/// algorithm would: nccl-tests' bus-bandwidth convention ([`xccl::CollKind::bus_factor`]) on
+/// each collective's size (an all-gather's is its output, `size` times its input), each
+/// message sent counted whole, messages received not at all (their sender counts them);
+/// nothing on a group of one. An all-reduce of `n` bytes is `2(p−1)/p·n`, an all-gather of
+/// `n` bytes each `(p−1)·n`, a reduce-scatter of `n` bytes `(p−1)/p·n`: by this measure
+/// Megatron's all-reduce of a tensor and sequence parallelism's all-gather + reduce-scatter of
+/// it are equal, as they are on the wire.
 pub fn bus_bytes(size: usize, ops: &[xccl::OpSpan]) -> u64 {
     if size <= 1 {
         return 0;
     }
-    let p = size as f64;
     let bus: f64 = ops
         .iter()
         .map(|o| {
             let n = o.bytes as f64;
-            match o.name.split_whitespace().next().unwrap_or_default() {
-                "all_reduce" => 2.0 * (p - 1.0) / p * n,
-                "all_gather" => (p - 1.0) * n,
-                "reduce_scatter" => (p - 1.0) / p * n,
-                "recv" => 0.0,
-                _ => n,
+            match o.op {
+                SpanOp::Collective { kind, .. } => {
+                    let whole = if kind == CollKind::AllGather { size as f64 * n } else { n };
+                    kind.bus_factor(size) * whole
+                }
+                SpanOp::Message { send: true, .. } => n,
+                SpanOp::Message { send: false, .. } | SpanOp::Setup => 0.0,
             }
         })
         .sum();

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use xccl::OpSpan;
+use xccl::{CollKind, DType, OpSpan, SpanOp};
 
 /// What a span is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +49,35 @@ pub struct Span {
     pub start_us: f64,
     /// Duration, µs.
     pub dur_us: f64,
+    /// The communication operation, typed (communication spans; `None` for the others and
+    /// for a communicator's own set-up).
+    pub op: Option<SpanOp>,
+}
+
+/// `op` as JSON (the Chrome trace's `args`, the gathered spans): `{"coll", "dtype", "count"}`
+/// or `{"send", "peer", "dtype", "count"}`; `null` for none.
+fn op_json(op: &Option<SpanOp>) -> Value {
+    match op {
+        Some(SpanOp::Collective { kind, dtype, count }) => {
+            json!({"coll": kind.name(), "dtype": dtype.name(), "count": count})
+        }
+        Some(SpanOp::Message { send, peer, dtype, count }) => {
+            json!({"send": send, "peer": peer, "dtype": dtype.name(), "count": count})
+        }
+        Some(SpanOp::Setup) | None => Value::Null,
+    }
+}
+
+/// The operation [`op_json`] wrote, if any.
+pub fn op_from_json(v: &Value) -> Option<SpanOp> {
+    let dtype = DType::ALL.into_iter().find(|d| Some(d.name()) == v["dtype"].as_str())?;
+    let count = usize::try_from(v["count"].as_u64()?).ok()?;
+    if let Some(name) = v["coll"].as_str() {
+        let kind = CollKind::named(name)?;
+        return Some(SpanOp::Collective { kind, dtype, count });
+    }
+    let peer = usize::try_from(v["peer"].as_u64()?).ok()?;
+    Some(SpanOp::Message { send: v["send"].as_bool()?, peer, dtype, count })
 }
 
 fn origin() -> (Instant, f64) {
@@ -99,7 +128,7 @@ impl Trace {
         if self.on {
             let start_us = unix_us(start);
             let dur_us = (unix_us(end) - start_us).max(0.0);
-            self.spans.push(Span { name, track: self.track.clone(), kind, start_us, dur_us });
+            self.spans.push(Span { name, track: self.track.clone(), kind, start_us, dur_us, op: None });
         }
     }
 
@@ -117,6 +146,7 @@ impl Trace {
                 kind: Kind::Comm,
                 start_us,
                 dur_us,
+                op: Some(op.op).filter(|o| *o != SpanOp::Setup),
             });
         }
     }
@@ -140,7 +170,10 @@ impl Trace {
 /// Spans as compact JSON values (for gathering them to rank 0).
 pub fn to_json(spans: &[Span]) -> Value {
     Value::Array(
-        spans.iter().map(|s| json!([s.name, s.track, s.kind.as_str(), s.start_us, s.dur_us])).collect(),
+        spans
+            .iter()
+            .map(|s| json!([s.name, s.track, s.kind.as_str(), s.start_us, s.dur_us, op_json(&s.op)]))
+            .collect(),
     )
 }
 
@@ -156,6 +189,7 @@ pub fn from_json(v: &Value) -> Vec<Span> {
                 kind: Kind::parse(s.get(2)?.as_str()?)?,
                 start_us: s.get(3)?.as_f64()?,
                 dur_us: s.get(4)?.as_f64()?,
+                op: s.get(5).and_then(op_from_json),
             })
         })
         .collect()
@@ -190,7 +224,7 @@ pub fn chrome_json(ranks: &[Vec<Span>]) -> Value {
             let tid = tracks.iter().position(|t| *t == s.track).unwrap_or(0);
             events.push(json!({
                 "name": s.name, "cat": s.kind.as_str(), "ph": "X", "pid": rank, "tid": tid,
-                "ts": s.start_us - t0, "dur": s.dur_us,
+                "ts": s.start_us - t0, "dur": s.dur_us, "args": op_json(&s.op),
             }));
         }
     }
@@ -208,14 +242,34 @@ mod tests {
         assert_eq!(x, 42);
         let now = Instant::now();
         t.record(Kind::Wait, "wait".into(), now, now + std::time::Duration::from_millis(2));
+        let all_reduce = SpanOp::Collective { kind: CollKind::AllReduce, dtype: DType::F32, count: 1024 };
+        let recv = SpanOp::Message { send: false, peer: 3, dtype: DType::BF16, count: 7 };
+        let op = |name: &str, op| OpSpan {
+            name: name.into(),
+            op,
+            bytes: 0,
+            issued: now,
+            started: now,
+            finished: now + std::time::Duration::from_millis(1),
+        };
+        t.add_ops("comm tp", vec![op("a", all_reduce), op("r", recv), op("split", SpanOp::Setup)]);
         let spans = t.take();
+        assert_eq!(
+            spans.iter().map(|s| s.op).collect::<Vec<_>>(),
+            [None, None, Some(all_reduce), Some(recv), None]
+        );
         let back = from_json(&to_json(&spans));
         assert_eq!(back, spans);
         let trace = chrome_json(&[back.clone(), back]);
         let events = trace["traceEvents"].as_array().unwrap();
         let x: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
-        assert_eq!(x.len(), 4);
+        assert_eq!(x.len(), 10);
         assert!(x.iter().all(|e| e["ts"].as_f64().unwrap() >= 0.0));
+        assert_eq!(
+            op_from_json(&x[2]["args"]),
+            Some(all_reduce),
+            "the Chrome trace carries the typed operation"
+        );
         assert_eq!(x[1]["cat"], "wait");
         assert!((x[1]["dur"].as_f64().unwrap() - 2000.0).abs() < 1.0);
         let mut off = Trace::new("compute", false);

@@ -91,6 +91,23 @@ impl CollKind {
         CollKind::COLLECTIVES.into_iter().find(|k| k.name().replace('_', "") == norm)
     }
 
+    /// nccl-tests' factor from algorithm bandwidth to bus bandwidth on `n` ranks: what each
+    /// rank sends, as a ring would, per byte of the operation's size (an all-gather's size is
+    /// its output, a reduce-scatter's its input): `2(n−1)/n` for an all-reduce, `(n−1)/n` for
+    /// the all-gather, reduce-scatter, all-to-all, scatter and gather, 1 otherwise.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+            CollKind::AllGather
+            | CollKind::ReduceScatter
+            | CollKind::AllToAll
+            | CollKind::Scatter
+            | CollKind::Gather => (n - 1.0) / n,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::SendRecv | CollKind::Barrier => 1.0,
+        }
+    }
+
     /// Whether receivers combine what arrives with what they hold (reduce, all-reduce,
     /// reduce-scatter), rather than only place it.
     pub fn combines(self) -> bool {

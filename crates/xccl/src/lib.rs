@@ -82,7 +82,7 @@ pub use config::{Config, parse_bytes};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use reduce::{ReduceOp, reference_reduce};
-pub use work::{Buffer, Event, OpSpan, Work};
+pub use work::{Buffer, Event, OpSpan, SpanOp, Work};
 
 /// `half`'s 16-bit float types, which collectives accept as elements.
 pub use half::{bf16, f16};

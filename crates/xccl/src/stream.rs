@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, P2p, P2pFeed, Plan};
 use crate::flight::{Queued, Recorder};
 use crate::transport::{Farewell, Waker};
-use crate::work::{Completion, OpSpan};
+use crate::work::{Completion, OpSpan, SpanOp};
 
 /// What a queued operation does.
 pub(crate) enum JobOp {
@@ -158,6 +158,7 @@ impl Shared {
     fn record(
         &self,
         name: impl FnOnce() -> String,
+        op: SpanOp,
         bytes: usize,
         issued: Option<Instant>,
         started: Option<Instant>,
@@ -165,7 +166,7 @@ impl Shared {
         let (Some(issued), Some(started)) = (issued, started) else { return };
         let mut t = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(spans) = t.as_mut() {
-            spans.push(OpSpan { name: name(), bytes, issued, started, finished: Instant::now() });
+            spans.push(OpSpan { name: name(), op, bytes, issued, started, finished: Instant::now() });
         }
     }
 
@@ -437,7 +438,9 @@ impl P2pFeed for QueueFeed<'_> {
         // SAFETY: as in `fetch`.
         unsafe { self.shared.flight() }.end(*id, None);
         // Recorded before the waiter wakes, so that its next look at the timeline sees it.
-        self.shared.record(|| describe_p2p(m), m.len, *issued, *started);
+        let op =
+            SpanOp::Message { send: m.send, peer: m.peer, dtype: m.dtype, count: m.len / m.dtype.size() };
+        self.shared.record(|| describe_p2p(m), op, m.len, *issued, *started);
         if let Some(d) = done {
             d.finish(Ok(()));
         }
@@ -482,7 +485,10 @@ fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
             if let Err(e) = &result {
                 shared.report_failure(flight, e);
             }
-            shared.record(|| plan.desc.with_seq(*seq).to_string(), bufs.input_len, job.issued, started);
+            let d = &plan.desc;
+            let op =
+                SpanOp::Collective { kind: d.kind, dtype: d.dtype, count: bufs.input_len / d.dtype.size() };
+            shared.record(|| d.with_seq(*seq).to_string(), op, bufs.input_len, job.issued, started);
             job.finish(&result);
             result
         }

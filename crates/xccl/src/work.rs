@@ -6,7 +6,8 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::dtype::Element;
+use crate::coll::CollKind;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
 /// Memory that an asynchronous operation takes over until it completes: a `Vec<T>`, a
@@ -196,6 +197,35 @@ impl Event {
     }
 }
 
+/// What a recorded operation was, typed for the tools that count operations (bus bytes,
+/// the simulator's calibration); [`OpSpan::name`] says the same in words.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SpanOp {
+    /// A collective with `count` elements of `dtype` in this rank's input.
+    Collective {
+        /// Which collective.
+        kind: CollKind,
+        /// The element type.
+        dtype: DType,
+        /// Elements of this rank's input.
+        count: usize,
+    },
+    /// A point-to-point message of `count` elements of `dtype`, sent to (`send`) or received
+    /// from `peer`.
+    Message {
+        /// Sent (`true`) or received.
+        send: bool,
+        /// The other rank.
+        peer: usize,
+        /// The element type.
+        dtype: DType,
+        /// Elements of the message.
+        count: usize,
+    },
+    /// The communicator's own work: creating it, splitting or duplicating it.
+    Setup,
+}
+
 /// When one operation ran on this rank: for timelines and traces
 /// ([`Communicator::record_timeline`](crate::Communicator::record_timeline)).
 #[derive(Clone, Debug)]
@@ -203,6 +233,8 @@ pub struct OpSpan {
     /// The operation, as errors name it: `all_reduce #17 (f32 x 1024, sum, ring)`,
     /// `send to 3 (tag 1)`.
     pub name: String,
+    /// The operation, typed.
+    pub op: SpanOp,
     /// Bytes of this rank's input (collectives) or of the message (point-to-point).
     pub bytes: usize,
     /// When the call was made.

@@ -10,12 +10,12 @@
 use std::time::Instant;
 
 use serde_json::Value;
-use xccl::{CollKind, Communicator};
+use xccl::{CollKind, Communicator, SpanOp};
 use xccl_train::model::{Graph, Model, ModelConfig};
 use xccl_train::optim::{OptimConfig, Optimizer};
 use xccl_train::params::Chunks;
 use xccl_train::tp::Tp;
-use xccl_train::trace::{Kind, Span, Trace};
+use xccl_train::trace::{Kind, Span, Trace, op_from_json};
 
 /// One block of the model as one tensor-parallel rank runs it on one micro-batch.
 #[derive(Clone, Debug, PartialEq)]
@@ -205,20 +205,12 @@ fn measure_rank(
     Ok((blocks, slots, runs))
 }
 
-/// The kind of a collective from its name in a timeline or trace (`all_reduce #17 (f32 x
-/// 1024, sum, ring)`), and its bytes from the element count in it.
-pub fn parse_op(name: &str) -> Option<(CollKind, usize)> {
-    let (head, rest) = name.split_once(" #")?;
-    let kind = CollKind::named(head)?;
-    let inner = rest.split_once('(')?.1;
-    let (dtype, count) = inner.split(',').next()?.split_once(" x ")?;
-    let esize = match dtype.trim() {
-        "f64" | "i64" | "u64" => 8,
-        "f16" | "bf16" => 2,
-        "u8" | "i8" => 1,
-        _ => 4,
-    };
-    Some((kind, esize * count.trim().parse::<usize>().ok()?))
+/// The kind and bytes (of this rank's input) of a collective span.
+pub fn collective(op: Option<SpanOp>) -> Option<(CollKind, usize)> {
+    match op? {
+        SpanOp::Collective { kind, dtype, count } => Some((kind, count * dtype.size())),
+        _ => None,
+    }
 }
 
 /// Fills the blocks' times from the spans of several iterations of one rank: per block the
@@ -243,7 +235,7 @@ pub fn apply_spans(blocks: &mut [BlockTimes], runs: &[Vec<Span>]) -> Result<(), 
                     .filter(|o| o.start_us >= s.start_us && o.start_us < s.start_us + s.dur_us)
                     .collect();
                 let t: f64 = mine.iter().map(|o| o.dur_us.min(s.dur_us)).sum();
-                (t, mine.iter().filter_map(|o| parse_op(&o.name)).collect())
+                (t, mine.iter().filter_map(|o| collective(o.op)).collect())
             };
             let f = find(format!("fwd {}", b.name))
                 .ok_or_else(|| format!("no span 'fwd {}' in the trace's iterations", b.name))?;
@@ -326,6 +318,7 @@ pub fn trace_runs(text: &str, rank: usize, first_block: &str) -> Result<Vec<Vec<
                 kind,
                 start_us: e["ts"].as_f64()?,
                 dur_us: e["dur"].as_f64()?,
+                op: op_from_json(&e["args"]),
             })
         })
         .collect();
@@ -356,12 +349,16 @@ pub fn trace_runs(text: &str, rank: usize, first_block: &str) -> Result<Vec<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xccl::DType;
 
     #[test]
-    fn op_names_parse() {
-        assert_eq!(parse_op("all_reduce #17 (f32 x 1024, sum, ring)"), Some((CollKind::AllReduce, 4096)));
-        assert_eq!(parse_op("all_gather #3 (f32 x 8, ring)"), Some((CollKind::AllGather, 32)));
-        assert_eq!(parse_op("send to 3 (tag 1)"), None);
+    fn collectives_give_their_kind_and_bytes() {
+        let c = |kind, dtype, count| Some(SpanOp::Collective { kind, dtype, count });
+        assert_eq!(collective(c(CollKind::AllReduce, DType::F32, 1024)), Some((CollKind::AllReduce, 4096)));
+        assert_eq!(collective(c(CollKind::AllGather, DType::BF16, 8)), Some((CollKind::AllGather, 16)));
+        let send = SpanOp::Message { send: true, peer: 3, dtype: DType::F32, count: 1 };
+        assert_eq!(collective(Some(send)), None);
+        assert_eq!(collective(None), None);
     }
 
     #[test]
@@ -372,6 +369,11 @@ mod tests {
             kind,
             start_us: start,
             dur_us: dur,
+            op: (kind == Kind::Comm).then_some(SpanOp::Collective {
+                kind: CollKind::AllReduce,
+                dtype: DType::F32,
+                count: 10,
+            }),
         };
         let run = vec![
             s("fwd a", "compute", Kind::Compute, 0.0, 100.0),

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Bufs, P2p};
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::Blocks;
-use crate::work::{Completion, OpSpan};
+use crate::work::{Completion, OpSpan, SpanOp};
 
 /// One MPI communicator and its worker.
 pub(super) struct MpiComm {
@@ -80,6 +80,7 @@ impl MpiComm {
         let generation = WORLDS.fetch_add(1, Ordering::Relaxed);
         let group = world.worker.run(
             || "world setup".into(),
+            SpanOp::Setup,
             0,
             move |comm| {
                 let (rank, size) = rank_size(comm)?;
@@ -116,6 +117,7 @@ impl MpiComm {
             (parent.id, parent.members.clone(), parent.hosts.clone(), parent.cores.clone());
         let (made, nth) = self.worker.run(
             || "split".into(),
+            SpanOp::Setup,
             0,
             move |comm| {
                 // Colors are u32, MPI's are non-negative ints: split by the color's index among
@@ -143,6 +145,7 @@ impl MpiComm {
         let parent_rank = parent.rank;
         let group = child.worker.run(
             || "split setup".into(),
+            SpanOp::Setup,
             0,
             move |comm| {
                 let (rank, size) = rank_size(comm)?;
@@ -174,6 +177,7 @@ impl MpiComm {
         let splits = self.splits.clone();
         let (made, nth) = self.worker.run(
             || "dup".into(),
+            SpanOp::Setup,
             0,
             move |comm| {
                 // SAFETY: reading an exported constant.
@@ -193,15 +197,22 @@ impl MpiComm {
     pub fn collective(&self, coll: Coll, bufs: Bufs) -> Result<()> {
         let bufs = SendBufs(bufs);
         let name = self.worker.recording().then(|| coll.name());
-        self.worker.run(move || name.unwrap_or_default(), bufs.0.input_len, move |comm| coll.run(comm, bufs))
+        let what = coll.what(bufs.0.input_len);
+        self.worker.run(
+            move || name.unwrap_or_default(),
+            what,
+            bufs.0.input_len,
+            move |comm| coll.run(comm, bufs),
+        )
     }
 
     /// Queues a collective on buffers parked in `done`; its outcome goes there.
     pub fn spawn(&self, coll: Coll, bufs: Bufs, done: Arc<Completion>) {
         let bufs = SendBufs(bufs);
         let name = self.worker.recording().then(|| coll.name());
+        let what = coll.what(bufs.0.input_len);
         let task: worker::Task = Box::new(move |comm| coll.run(comm, bufs));
-        self.worker.submit(move || name.unwrap_or_default(), bufs.0.input_len, task, done);
+        self.worker.submit(move || name.unwrap_or_default(), what, bufs.0.input_len, task, done);
     }
 
     /// Checks a message's tag against what MPI accepts.
@@ -232,7 +243,7 @@ impl MpiComm {
 
     /// Completes `done` once everything issued before has completed.
     pub fn marker(&self, done: Arc<Completion>) {
-        self.worker.submit(|| "event".into(), 0, Box::new(|_| Ok(())), done);
+        self.worker.submit(|| "event".into(), SpanOp::Setup, 0, Box::new(|_| Ok(())), done);
     }
 
     /// Starts or stops recording spans.
@@ -358,6 +369,11 @@ pub(super) struct Coll {
 }
 
 impl Coll {
+    /// What a span of this collective records, for an input of `input_len` bytes.
+    fn what(&self, input_len: usize) -> SpanOp {
+        SpanOp::Collective { kind: self.kind, dtype: self.dtype, count: input_len / self.dtype.size() }
+    }
+
     /// The MPI form of a collective whose arguments `ops.rs` has checked.
     pub fn new(p: PlanArgs, dtype: DType, rank: usize, size: usize) -> Result<Coll> {
         let api = "MPI collective";

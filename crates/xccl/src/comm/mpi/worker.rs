@@ -26,7 +26,7 @@ use mpi::ffi;
 use super::env::{self, Handle};
 use crate::error::{Error, Result};
 use crate::exec::P2p;
-use crate::work::{Completion, OpSpan};
+use crate::work::{Completion, OpSpan, SpanOp};
 
 /// An operation on the communicator (a collective, a split), run with its handle.
 pub(super) type Task = Box<dyn FnOnce(ffi::MPI_Comm) -> Result<()> + Send>;
@@ -55,6 +55,8 @@ struct Job {
 struct About {
     /// The operation's name, while recording.
     name: Option<String>,
+    /// The operation, typed.
+    what: SpanOp,
     bytes: usize,
     issued: Option<Instant>,
     done: Option<Arc<Completion>>,
@@ -122,6 +124,7 @@ impl Worker {
     pub fn run<R: Send + 'static>(
         &self,
         name: impl FnOnce() -> String,
+        what: SpanOp,
         bytes: usize,
         f: impl FnOnce(ffi::MPI_Comm) -> Result<R> + Send + 'static,
     ) -> Result<R> {
@@ -132,24 +135,37 @@ impl Worker {
             *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
             Ok(())
         });
-        self.run_op(self.job(Op::Task(task), name, bytes, None))?;
+        self.run_op(self.job(Op::Task(task), name, what, bytes, None))?;
         let r = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
         r.ok_or_else(|| Error::Internal("an MPI operation finished without its result".into()))
     }
 
     /// Queues `task`; its outcome goes to `done`.
-    pub fn submit(&self, name: impl FnOnce() -> String, bytes: usize, task: Task, done: Arc<Completion>) {
-        self.shared.enqueue(self.job(Op::Task(task), name, bytes, Some(done)));
+    pub fn submit(
+        &self,
+        name: impl FnOnce() -> String,
+        what: SpanOp,
+        bytes: usize,
+        task: Task,
+        done: Arc<Completion>,
+    ) {
+        self.shared.enqueue(self.job(Op::Task(task), name, what, bytes, Some(done)));
     }
 
     /// Sends or receives one message, returning once it completed.
     pub fn p2p(&self, msg: P2p) -> Result<()> {
-        self.run_op(self.job(Op::P2p(SendP2p(msg)), || p2p_name(&msg), msg.len, None))
+        self.run_op(self.job(Op::P2p(SendP2p(msg)), || p2p_name(&msg), p2p_what(&msg), msg.len, None))
     }
 
     /// Queues one message; its outcome goes to `done`.
     pub fn submit_p2p(&self, msg: P2p, done: Arc<Completion>) {
-        self.shared.enqueue(self.job(Op::P2p(SendP2p(msg)), || p2p_name(&msg), msg.len, Some(done)));
+        self.shared.enqueue(self.job(
+            Op::P2p(SendP2p(msg)),
+            || p2p_name(&msg),
+            p2p_what(&msg),
+            msg.len,
+            Some(done),
+        ));
     }
 
     /// Whether spans are being recorded (names are made only then).
@@ -174,9 +190,16 @@ impl Worker {
         t.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    fn job(&self, op: Op, name: impl FnOnce() -> String, bytes: usize, done: Option<Arc<Completion>>) -> Job {
+    fn job(
+        &self,
+        op: Op,
+        name: impl FnOnce() -> String,
+        what: SpanOp,
+        bytes: usize,
+        done: Option<Arc<Completion>>,
+    ) -> Job {
         let issued = self.shared.recording.load(Ordering::Relaxed).then(Instant::now);
-        Job { op, about: About { name: issued.map(|_| name()), bytes, issued, done } }
+        Job { op, about: About { name: issued.map(|_| name()), what, bytes, issued, done } }
     }
 
     fn run_op(&self, mut job: Job) -> Result<()> {
@@ -246,6 +269,7 @@ impl Shared {
             if let Some(spans) = t.as_mut() {
                 let span = OpSpan {
                     name: name.clone(),
+                    op: job.what,
                     bytes: job.bytes,
                     issued,
                     started,
@@ -505,6 +529,10 @@ fn received_all(msg: &P2p, status: &ffi::MPI_Status, rank: usize) -> Result<()> 
         peer: msg.peer,
         remote: format!("send of {got} elements"),
     })
+}
+
+fn p2p_what(m: &P2p) -> SpanOp {
+    SpanOp::Message { send: m.send, peer: m.peer, dtype: m.dtype, count: m.len / m.dtype.size() }
 }
 
 fn p2p_name(m: &P2p) -> String {
