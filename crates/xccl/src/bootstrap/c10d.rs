@@ -27,7 +27,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::store::{Data, KeyValue, MAX_KEY, MAX_VALUE, dial};
+use super::keys::{Data, KeyValue, MAX_KEY, MAX_VALUE, dial};
 use crate::error::{Error, Result};
 
 /// The number a client sends after `VALIDATE`.

@@ -16,7 +16,7 @@
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
 
 use super::auth::Auth;
-use super::store::KeyValue;
+use super::keys::KeyValue;
 use crate::error::{Error, Result};
 
 /// The store key of the group's job id and mode (`<job> env` or `<job> drawn`).

@@ -12,6 +12,7 @@ pub mod c10d;
 pub mod env;
 pub mod group;
 pub(crate) mod host;
+pub(crate) mod keys;
 pub(crate) mod mesh;
 pub mod store;
 

@@ -11,22 +11,19 @@
 //! Counters (`add`) are kept as decimal text, as PyTorch keeps them, so both kinds of client
 //! can count on one key.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Purpose};
 use super::c10d;
+pub use super::keys::KeyValue;
+use super::keys::{Data, MAX_KEY, MAX_VALUE, dial};
 use crate::error::{Error, Result};
 
-/// Longest key, in bytes.
-pub(crate) const MAX_KEY: usize = 4096;
-/// Largest value, in bytes.
-pub(crate) const MAX_VALUE: usize = 16 << 20;
 const SET: u8 = 1;
 const GET: u8 = 2;
 const ADD: u8 = 3;
@@ -35,52 +32,6 @@ const MISSING: u8 = 1;
 const BAD: u8 = 2;
 /// How long the server gives a client to finish the handshake.
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
-
-/// The keys of a store and what its clients wait on.
-#[derive(Default)]
-pub(crate) struct Data {
-    pub(crate) map: Mutex<HashMap<String, Vec<u8>>>,
-    /// Notified whenever keys change.
-    pub(crate) cv: Condvar,
-    /// The last refused handshakes, reported to clients whose `get` times out: the usual
-    /// reason a rank never shows up is that it was refused.
-    refusals: Mutex<Vec<String>>,
-}
-
-impl Data {
-    /// Changes the keys with `f` and wakes every waiter.
-    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut HashMap<String, Vec<u8>>) -> R) -> R {
-        let r = f(&mut self.map.lock().unwrap_or_else(PoisonError::into_inner));
-        self.cv.notify_all();
-        r
-    }
-
-    /// Adds `delta` to the counter `key` (decimal text; 0 if unset or not a number).
-    pub(crate) fn add(&self, key: String, delta: i64) -> i64 {
-        self.update(|map| {
-            let cur = map
-                .get(&key)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|t| t.parse::<i64>().ok())
-                .unwrap_or(0);
-            let new = cur.wrapping_add(delta);
-            map.insert(key, new.to_string().into_bytes());
-            new
-        })
-    }
-}
-
-/// A key-value store that ranks meet through: ours ([`StoreClient`]), PyTorch's
-/// ([`C10dClient`](super::C10dClient)), or one a program provides (the Python package
-/// hands PyTorch's store of a process group).
-pub trait KeyValue: Send {
-    /// Sets `key` to `value`.
-    fn set(&mut self, key: &str, value: &[u8]) -> Result<()>;
-    /// Waits until `key` is set (within the store's timeout) and returns its value.
-    fn get(&mut self, key: &str) -> Result<Vec<u8>>;
-    /// Adds `delta` to the counter `key` (0 if unset); returns the new value.
-    fn add(&mut self, key: &str, delta: i64) -> Result<i64>;
-}
 
 /// The longest a `get` may wait, in milliseconds: a day.
 const MAX_GET_WAIT_MS: u64 = 24 * 3600 * 1000;
@@ -295,31 +246,6 @@ impl KeyValue for StoreClient {
     }
     fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
         StoreClient::add(self, key, delta)
-    }
-}
-
-/// A TCP connection to the store at `addr`, retried until `timeout` while nobody listens yet
-/// (the store may start after its clients); `who` names what should be serving it.
-pub(crate) fn dial(addr: &str, timeout: Duration, who: &str) -> Result<TcpStream> {
-    let deadline = Instant::now() + timeout;
-    let mut delay = Duration::from_millis(10);
-    loop {
-        let attempt = addr
-            .to_socket_addrs()
-            .map_err(|e| Error::Bootstrap(format!("cannot resolve the store address '{addr}': {e}")))?
-            .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
-        if let Some(stream) = attempt {
-            return Ok(stream);
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::Bootstrap(format!(
-                "no store answered at {addr} within {:.0} s: {who}, and are MASTER_ADDR/MASTER_PORT the same \
-                 on every rank?",
-                timeout.as_secs_f64()
-            )));
-        }
-        std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_millis(500));
     }
 }
 
