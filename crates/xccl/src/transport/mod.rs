@@ -212,6 +212,8 @@ pub(crate) struct Memory {
     index: Vec<Option<usize>>,
     /// When this rank last moved to a free core (see [`idle`]).
     moved: Option<std::time::Instant>,
+    /// How many threads of the system are runnable ([`idle::runnable`]; tests set their own).
+    runnable: fn() -> Option<usize>,
 }
 
 impl Memory {
@@ -224,7 +226,7 @@ impl Memory {
         procs: Vec<(usize, usize, i32)>,
     ) -> Memory {
         let polling = polling_for(host.members());
-        Memory { host, me, polling, procs, index, moved: None }
+        Memory { host, me, polling, procs, index, moved: None, runnable: idle::runnable }
     }
 }
 
