@@ -9,6 +9,7 @@ use crate::data::{Task, TaskConfig};
 use crate::error::{Error, Result};
 use crate::model::{ModelConfig, ModelKind};
 use crate::optim::OptimConfig;
+use crate::pipeline::StageRun;
 use crate::pipeline::schedule::Shape;
 pub use crate::pipeline::stages::{Balance, PipelineConfig};
 
@@ -195,7 +196,18 @@ impl TrainConfig {
 
     /// The sizes pipeline `p`'s schedule is built for (its micro-batches are `accum`).
     pub fn pipeline_shape(&self, p: &PipelineConfig) -> Shape {
-        Shape { stages: p.stages, micro_batches: self.accum, virtual_stages: p.virtual_stages }
+        p.shape(self.accum)
+    }
+
+    /// What [`pipeline::build`](crate::pipeline::build) needs of this run, with `dp`
+    /// data-parallel ranks.
+    pub fn stage_run(&self, dp: usize) -> StageRun<'_> {
+        StageRun {
+            model: &self.model,
+            seed: self.seed,
+            micro_batches: self.accum,
+            rows: (self.batch / (dp * self.accum).max(1)).max(1),
+        }
     }
 
     /// Pipeline stages (1 without a pipeline).

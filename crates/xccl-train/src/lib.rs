@@ -7,6 +7,8 @@
 //! communication is [`xccl`]'s collectives. This crate knows nothing about sockets, and
 //! `xccl` knows nothing about neural networks.
 //!
+//! - [`layers`]: seeded initialisation, `Linear`, `LayerNorm` and the fused CPU kernels
+//!   that blocks and tensor parallelism's layers are made of.
 //! - A [`Model`](model::Model) is a sequence of [`Block`](model::Block)s whose forward takes
 //!   a leaf input, so backward runs block by block and each block's gradients are ready as
 //!   soon as its backward is done ([`model`]): a GPT-style decoder and an MLP are built in.
@@ -87,6 +89,7 @@ pub mod data;
 pub mod dcp;
 pub mod ddp;
 mod error;
+pub mod layers;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

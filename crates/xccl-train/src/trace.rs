@@ -68,7 +68,7 @@ fn op_json(op: &Option<SpanOp>) -> Value {
     }
 }
 
-/// The operation [`op_json`] wrote, if any.
+/// The operation that `op_json` wrote (a span's `args`), if any.
 pub fn op_from_json(v: &Value) -> Option<SpanOp> {
     let dtype = DType::ALL.into_iter().find(|d| Some(d.name()) == v["dtype"].as_str())?;
     let count = usize::try_from(v["count"].as_u64()?).ok()?;

@@ -34,7 +34,7 @@ pub fn train(world: &Communicator, config: &TrainConfig, observer: &mut dyn Obse
     let tp = Tp::new(mesh.tp().clone(), config.sp);
     let (model, pipeline) = match &config.pipeline {
         Some(p) => {
-            let (model, pipeline) = pipeline::build(&mesh, config, p, &tp, task.as_ref())?;
+            let (model, pipeline) = pipeline::build(&mesh, &config.stage_run(dp), p, &tp, task.as_ref())?;
             (model, Some(pipeline))
         }
         None => (Model::with_tp(&config.model, config.seed, &tp)?, None),

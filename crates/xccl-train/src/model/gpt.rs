@@ -13,9 +13,9 @@ use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
 use super::block::{Block, Init, LayerNorm, expect_ids};
-use super::ops::gelu;
 use super::softmax::causal_softmax;
 use crate::error::{Error, Result};
+use crate::layers::ops::gelu;
 use crate::params::Param;
 use crate::tp::{ColumnParallelLinear, RowParallelLinear, Tp, VocabParallelEmbedding};
 

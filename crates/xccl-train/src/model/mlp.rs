@@ -8,8 +8,8 @@ use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
 use super::block::{Block, Init, Linear, expect_ids};
-use super::ops::gelu;
 use crate::error::{Error, Result};
+use crate::layers::ops::gelu;
 use crate::params::Param;
 
 /// Embedding features per token: a quarter of the hidden width (at least 4).

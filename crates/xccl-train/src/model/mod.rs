@@ -11,7 +11,6 @@ pub mod block;
 pub mod flops;
 pub mod gpt;
 pub mod mlp;
-pub mod ops;
 pub mod softmax;
 
 use std::ops::Range;

@@ -8,7 +8,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::ops::{same_len, values};
+use crate::layers::ops::{same_len, values};
 
 /// `softmax(scale · scores)` over the last dimension of `scores` `[.., t, t]`, with the
 /// causal mask: row `i` keeps columns `0..=i`, and the masked columns are exactly 0.

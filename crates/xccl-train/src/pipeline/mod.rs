@@ -23,39 +23,50 @@ use std::time::Instant;
 
 use xccl::Communicator;
 
-use crate::config::{Balance, PipelineConfig, TrainConfig};
 use crate::data::Task;
 use crate::error::{Result, agree_with_root};
 use crate::mesh::{Axis, Mesh};
-use crate::model::{Graph, Model, ModelConfig};
+use crate::model::ModelConfig;
+use crate::model::{Graph, Model};
 use crate::tp::Tp;
 use crate::trace::Trace;
 use execute::Pipeline;
+use stages::{Balance, PipelineConfig};
 
-/// This rank's stage of the pipeline `p` of run `config` on `mesh`: its part of the model
-/// (built for tensor-parallel group `tp`) and the pipeline that runs it. Collective over the
-/// world (measuring block times with [`Balance::Time`], the groups of shared parameters).
+/// What [`build`] needs of a training run (`TrainConfig::stage_run`).
+#[derive(Clone, Copy, Debug)]
+pub struct StageRun<'a> {
+    /// The whole model.
+    pub model: &'a ModelConfig,
+    /// The seed of its parameters (and of the batch that times its blocks).
+    pub seed: u64,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Rows of one micro-batch on one data-parallel rank.
+    pub rows: usize,
+}
+
+/// This rank's stage of the pipeline `p` of `run` on `mesh`: its part of the model (built
+/// for tensor-parallel group `tp`) and the pipeline that runs it. Collective over the world
+/// (measuring block times with [`Balance::Time`], the groups of shared parameters).
 pub fn build(
     mesh: &Mesh,
-    config: &TrainConfig,
+    run: &StageRun<'_>,
     p: &PipelineConfig,
     tp: &Tp,
     task: &dyn Task,
 ) -> Result<(Model, Pipeline)> {
-    let schedule = schedule::Schedule::new(p.schedule, config.pipeline_shape(p))?;
+    let schedule = schedule::Schedule::new(p.schedule, p.shape(run.micro_batches))?;
     let costs = match p.balance {
         Balance::Blocks(_) => Vec::new(),
         _ if p.virtual_stages > 1 => Vec::new(),
-        Balance::Params => param_counts(&config.model, config.seed)?,
-        Balance::Time => {
-            let rows = (config.batch / (mesh.size(Axis::Dp) * config.accum)).max(1);
-            block_times(mesh.world(), config, task, rows)?
-        }
+        Balance::Params => param_counts(run.model, run.seed)?,
+        Balance::Time => block_times(mesh.world(), run, task)?,
     };
-    let cut = stages::cut(&config.model, p, &costs)?;
+    let cut = stages::cut(run.model, p, &costs)?;
     let keep: Vec<usize> =
         stages::chunks_of(&cut, p.stages, mesh.coord(Axis::Pp)).into_iter().flatten().collect();
-    let model = Model::part(&config.model, config.seed, tp, Some(&keep))?;
+    let model = Model::part(run.model, run.seed, tp, Some(&keep))?;
     let pipeline = Pipeline::new(mesh, schedule, &model, &cut, p.recompute)?;
     Ok((model, pipeline))
 }
@@ -74,18 +85,18 @@ fn param_counts(model: &ModelConfig, seed: u64) -> Result<Vec<f64>> {
 
 /// The forward + backward time of every block on a micro-batch of `rows` rows, measured on
 /// world rank 0 (three passes, the first left out) and broadcast, so every rank cuts alike.
-fn block_times(world: &Communicator, config: &TrainConfig, task: &dyn Task, rows: usize) -> Result<Vec<f64>> {
-    let n = stages::blocks(&config.model);
-    let attempt = (world.rank() == 0).then(|| measure(config, task, rows, n));
+fn block_times(world: &Communicator, run: &StageRun<'_>, task: &dyn Task) -> Result<Vec<f64>> {
+    let n = stages::blocks(run.model);
+    let attempt = (world.rank() == 0).then(|| measure(run, task, n));
     let mut times =
         agree_with_root(world, "measure the blocks' times", attempt)?.unwrap_or_else(|| vec![0.0; n]);
     world.broadcast(&mut times, 0)?;
     Ok(times)
 }
 
-fn measure(config: &TrainConfig, task: &dyn Task, rows: usize, n: usize) -> Result<Vec<f64>> {
-    let model = Model::new(&config.model, config.seed)?;
-    let batch = task.batch(config.seed, 0, rows);
+fn measure(run: &StageRun<'_>, task: &dyn Task, n: usize) -> Result<Vec<f64>> {
+    let model = Model::new(run.model, run.seed)?;
+    let batch = task.batch(run.seed, 0, run.rows);
     let norm = batch.counted().max(1) as f64;
     let (ids, targets, mask) = batch.tensors()?;
     let names: Vec<String> = model.blocks().iter().map(|b| b.name().to_string()).collect();

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::schedule::Kind;
+use super::schedule::{Kind, Shape};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 
@@ -45,6 +45,13 @@ pub struct PipelineConfig {
     pub recompute: bool,
     /// How blocks are divided into stages.
     pub balance: Balance,
+}
+
+impl PipelineConfig {
+    /// The schedule's shape with `micro_batches` micro-batches per step.
+    pub fn shape(&self, micro_batches: usize) -> Shape {
+        Shape { stages: self.stages, micro_batches, virtual_stages: self.virtual_stages }
+    }
 }
 
 /// The number of blocks of a model: the embedding, one per layer, the head.

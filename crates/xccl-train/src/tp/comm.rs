@@ -17,7 +17,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use xccl::{Communicator, ReduceOp};
 
 use super::Tp;
-use crate::model::ops::values;
+use crate::layers::ops::values;
 
 /// What one direction of a [`TpOp`] does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use xccl::ReduceOp;
 
 use super::Tp;
-use crate::model::ops::values;
+use crate::layers::ops::values;
 
 /// `Σ mask · (−log softmax(logits)[target]) / norm` over the rows of `logits`
 /// (`[rows, len, n]`, this rank's vocabulary entries `start .. start + n`, entries

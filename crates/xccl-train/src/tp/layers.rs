@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 
 use super::{Tp, comm};
 use crate::error::Result;
-use crate::model::block::{Init, Linear};
+use crate::layers::{Init, Linear};
 use crate::params::Param;
 
 /// `y = x Wᵀ + b` with `W` (`[outputs, inputs]`) split by output rows: each rank computes
@@ -111,7 +111,7 @@ impl RowParallelLinear {
         } else {
             comm::reduce_from(&self.tp, &partial)?
         };
-        crate::model::ops::bias_add(&y, &self.bias.tensor())
+        crate::layers::ops::bias_add(&y, &self.bias.tensor())
     }
 }
 

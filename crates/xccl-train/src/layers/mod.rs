@@ -1,0 +1,148 @@
+//! The layers blocks are made of, below both the models (`model`) and tensor parallelism
+//! (`tp`, whose column- and row-parallel layers are `Linear`s): seeded parameter
+//! initialisation ([`Init`]), [`LayerNorm`], [`Linear`], and the fused CPU kernels with their
+//! backward ([`ops`]).
+
+pub mod ops;
+
+use candle_core::{Device, Module, Tensor, Var};
+use rand::SeedableRng;
+use rand::rngs::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+
+use crate::error::{Error, Result};
+use crate::params::{Param, Shard};
+
+/// Creates parameters from a seeded generator, so every process builds identical ones
+/// (candle's own random tensors on the CPU cannot be seeded).
+pub struct Init {
+    rng: ChaCha8Rng,
+    device: Device,
+}
+
+impl Init {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Init {
+        Init { rng: ChaCha8Rng::seed_from_u64(seed), device: Device::Cpu }
+    }
+
+    /// A parameter called `name` with elements drawn from N(0, `std`²).
+    pub fn normal(&mut self, name: String, shape: &[usize], std: f32) -> Result<Param> {
+        self.normal_sharded(name, shape, std, Shard::Replicated)
+    }
+
+    /// This rank's piece `shard` of a parameter of full shape `shape` drawn from N(0, `std`²):
+    /// the whole tensor is drawn, as for the unsharded model, and the piece kept, so that the
+    /// pieces of all ranks are exactly the unsharded parameter.
+    pub fn normal_sharded(&mut self, name: String, shape: &[usize], std: f32, shard: Shard) -> Result<Param> {
+        let normal = Normal::new(0.0f32, std)
+            .map_err(|e| Error::config(format!("standard deviation {std} for {name}: {e}")))?;
+        let n = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| normal.sample(&mut self.rng)).collect();
+        self.param(name, shape, &values, shard)
+    }
+
+    /// A parameter called `name` with every element `value`.
+    pub fn constant(&mut self, name: String, shape: &[usize], value: f32) -> Result<Param> {
+        self.constant_sharded(name, shape, value, Shard::Replicated)
+    }
+
+    /// This rank's piece `shard` of a parameter of full shape `shape`, every element `value`
+    /// (padding zero).
+    pub fn constant_sharded(
+        &mut self,
+        name: String,
+        shape: &[usize],
+        value: f32,
+        shard: Shard,
+    ) -> Result<Param> {
+        let values = vec![value; shape.iter().product()];
+        self.param(name, shape, &values, shard)
+    }
+
+    fn param(&self, name: String, full: &[usize], values: &[f32], shard: Shard) -> Result<Param> {
+        let local = shard.slice(full, values);
+        let t = Tensor::from_vec(local, shard.local_shape(full), &self.device)?;
+        Ok(Param::sharded(name, Var::from_tensor(&t)?, shard, full.to_vec()))
+    }
+
+    /// A linear layer `x W^T + b` from `inputs` to `outputs` features, its weight drawn
+    /// from N(0, `std`²) and its bias zero; its parameters are pushed onto `params`.
+    pub fn linear(
+        &mut self,
+        params: &mut Vec<Param>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f32,
+    ) -> Result<Linear> {
+        let w = self.normal(format!("{name}.weight"), &[outputs, inputs], std)?;
+        let b = self.constant(format!("{name}.bias"), &[outputs], 0.0)?;
+        let layer = Linear::new(w.clone(), Some(b.clone()));
+        params.extend([w, b]);
+        Ok(layer)
+    }
+
+    /// A layer norm over `width` features (weight one, bias zero); its parameters are pushed
+    /// onto `params`.
+    pub fn layer_norm(&mut self, params: &mut Vec<Param>, name: &str, width: usize) -> Result<LayerNorm> {
+        let w = self.constant(format!("{name}.weight"), &[width], 1.0)?;
+        let b = self.constant(format!("{name}.bias"), &[width], 0.0)?;
+        let norm = LayerNorm { weight: w.clone(), bias: b.clone() };
+        params.extend([w, b]);
+        Ok(norm)
+    }
+}
+
+/// Layer normalisation over the last dimension ([`ops::layer_norm`]: candle-nn's fused
+/// layer norm has no backward, and the parameters before it would silently get no gradient).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    weight: Param,
+    bias: Param,
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        ops::layer_norm(x, &self.weight.tensor(), &self.bias.tensor())
+    }
+}
+
+/// A linear layer over the last dimension, `x W^T (+ b)`, as one matrix product of the
+/// flattened rows (no broadcast weight, whose gradient candle would have to reduce) and
+/// [`ops::bias_add`] (which makes the product's transposed result contiguous).
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[outputs, inputs]`.
+    weight: Param,
+    bias: Option<Param>,
+}
+
+impl Linear {
+    /// The layer with `weight` (`[outputs, inputs]`) and an optional `bias` (`[outputs]`).
+    pub fn new(weight: Param, bias: Option<Param>) -> Linear {
+        Linear { weight, bias }
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let weight = self.weight.tensor();
+        let (outputs, inputs) = weight.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / inputs.max(1);
+        // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
+        // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
+        // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
+        // the weight's size per backward (candle accumulates every node's gradient).
+        let y = weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
+        let y = match &self.bias {
+            Some(b) => ops::bias_add(&y, &b.tensor())?,
+            None => y,
+        };
+        if let Some(last) = dims.last_mut() {
+            *last = outputs;
+        }
+        y.reshape(dims)
+    }
+}
