@@ -49,7 +49,7 @@ impl Data {
     }
 }
 
-/// A key-value store that ranks meet through: ours ([`StoreClient`]), PyTorch's
+/// A key-value store that ranks meet through: ours ([`StoreClient`](super::StoreClient)), PyTorch's
 /// ([`C10dClient`](super::C10dClient)), or one a program provides (the Python package
 /// hands PyTorch's store of a process group).
 pub trait KeyValue: Send {
