@@ -155,10 +155,10 @@ impl Shared {
     }
 
     /// Adds a span if recording (and the operation was issued while recording).
+    /// `what` gives the operation's name and typed record (made only when recording).
     fn record(
         &self,
-        name: impl FnOnce() -> String,
-        op: SpanOp,
+        what: impl FnOnce() -> (String, SpanOp),
         bytes: usize,
         issued: Option<Instant>,
         started: Option<Instant>,
@@ -166,7 +166,8 @@ impl Shared {
         let (Some(issued), Some(started)) = (issued, started) else { return };
         let mut t = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(spans) = t.as_mut() {
-            spans.push(OpSpan { name: name(), op, bytes, issued, started, finished: Instant::now() });
+            let (name, op) = what();
+            spans.push(OpSpan { name, op, bytes, issued, started, finished: Instant::now() });
         }
     }
 
@@ -438,9 +439,12 @@ impl P2pFeed for QueueFeed<'_> {
         // SAFETY: as in `fetch`.
         unsafe { self.shared.flight() }.end(*id, None);
         // Recorded before the waiter wakes, so that its next look at the timeline sees it.
-        let op =
-            SpanOp::Message { send: m.send, peer: m.peer, dtype: m.dtype, count: m.len / m.dtype.size() };
-        self.shared.record(|| describe_p2p(m), op, m.len, *issued, *started);
+        let what = || {
+            let op =
+                SpanOp::Message { send: m.send, peer: m.peer, dtype: m.dtype, count: m.len / m.dtype.size() };
+            (describe_p2p(m), op)
+        };
+        self.shared.record(what, m.len, *issued, *started);
         if let Some(d) = done {
             d.finish(Ok(()));
         }
@@ -486,9 +490,15 @@ fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
                 shared.report_failure(flight, e);
             }
             let d = &plan.desc;
-            let op =
-                SpanOp::Collective { kind: d.kind, dtype: d.dtype, count: bufs.input_len / d.dtype.size() };
-            shared.record(|| d.with_seq(*seq).to_string(), op, bufs.input_len, job.issued, started);
+            let what = || {
+                let op = SpanOp::Collective {
+                    kind: d.kind,
+                    dtype: d.dtype,
+                    count: bufs.input_len / d.dtype.size(),
+                };
+                (d.with_seq(*seq).to_string(), op)
+            };
+            shared.record(what, bufs.input_len, job.issued, started);
             job.finish(&result);
             result
         }
