@@ -237,8 +237,8 @@ fn eager(len: usize, link: &LinkFacts, pull_min: usize, allowed: Protocols) -> b
 /// combines it, half that where it only places it. Below `pull_min` a combining receiver does
 /// better reducing straight out of the ring, in one pass, than copying out of the sender's
 /// memory into a stage and reducing from there; a placing receiver makes one pass either
-/// way, and a pull spares the sender its copy into the ring (measured on the reference
-/// machine, 2 ranks: a 64 KiB all-gather or all-to-all, 32 KiB per message, 4.9 µs streamed
+/// way, and a pull spares the sender its copy into the ring (measured on an Intel Xeon
+/// guest, 2 ranks: a 64 KiB all-gather or all-to-all, 32 KiB per message, 4.9 µs streamed
 /// and 3.4-3.6 µs pulled; a 64 KiB all-reduce, 32 KiB halves, 8.1 µs streamed and 13.1 µs
 /// pulled).
 fn pull_from(m: &Outgoing) -> usize {

@@ -81,7 +81,7 @@ impl Engine {
         mut feed: Option<&mut dyn P2pFeed>,
     ) -> Result<()> {
         let mut reported = 0;
-        // When the step last stopped moving, and how many idle passes it has polled since.
+        // When the step last stopped moving.
         let mut idle_since: Option<Instant> = None;
         // How the links are polled while the step does not move (memory links only).
         let mut spell: Option<Spell> = None;
