@@ -12,6 +12,7 @@
 
 mod bruck;
 mod chain;
+mod cost_model;
 mod dbtree;
 mod direct;
 mod dissemination;
