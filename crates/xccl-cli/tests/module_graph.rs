@@ -30,12 +30,34 @@ fn module_of(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_string()
 }
 
-/// The modules `text` names as `crate::NAME`, leaving out comments and test modules.
+/// The modules `text` names as `crate::NAME`, leaving out comments and every item marked
+/// `#[cfg(test)]` (a test module, a test-only function or import).
 fn references(text: &str) -> BTreeSet<String> {
-    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
     let mut found = BTreeSet::new();
-    for line in code.lines() {
+    // Inside a test-only item: the brace depth it ends at, once it has opened.
+    let mut skipping: Option<i64> = None;
+    let mut depth = 0i64;
+    for line in text.lines() {
         let line = line.split("//").next().unwrap_or_default();
+        let opened = depth;
+        depth += line.matches('{').count() as i64 - line.matches('}').count() as i64;
+        if line.trim() == "#[cfg(test)]" {
+            skipping = Some(-1);
+            continue;
+        }
+        match skipping {
+            // The item's first line: a one-line item ends here, a block at its closing brace.
+            Some(-1) => {
+                skipping = (depth > opened).then_some(opened);
+                continue;
+            }
+            Some(end) if depth > end => continue,
+            Some(_) => {
+                skipping = None;
+                continue;
+            }
+            None => {}
+        }
         for (at, _) in line.match_indices("crate::") {
             let name: String =
                 line[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();

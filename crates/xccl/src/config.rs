@@ -22,7 +22,7 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_FLIGHT_DIR` | where the flight records go | `$TMPDIR/xccl-flight` |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
-/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory, messages half as long where the receiver does not combine them (`off`: never) | 64 KiB |
+/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory, messages half as long in collectives that do not combine (`off`: never) | 64 KiB |
 /// | `XCCL_SHM` | `0` to use TCP between processes of one host instead of shared memory | `1` |
 /// | `XCCL_BACKEND` | `mpi`: [`Communicator::from_env`](crate::Communicator::from_env) makes an MPI communicator (feature `mpi`) | `native` |
 /// | `XCCL_SHM_RING_BYTES` | bytes per shared-memory ring | by ranks per host: 4 MiB up to 4, 1 MiB up to 16, 256 KiB beyond |

@@ -7,7 +7,7 @@
 //! | [`Ll`](Protocol::Ll) | flag and data in the same cache lines of a small channel beside the ring: the receiver polls the data itself, no header, no separate notification | memory links, messages up to 256 bytes |
 //! | [`Eager`](Protocol::Eager) | the whole message in one frame, written when the ring takes it whole and placed straight from the ring without the general loop (the express lane) | memory links, messages up to 4 KiB |
 //! | [`Stream`](Protocol::Stream) | framed segments through the link, pipelined: the receiver places or reduces segment `k` while segment `k + 1` arrives | every link; the fallback |
-//! | [`Pull`](Protocol::Pull) | the sender describes where the message lies; the receiver copies it out of the sender's memory in one pass and acknowledges | links whose receiver can read the sender's memory, messages from `XCCL_PULL_BYTES` (64 KiB) where the receiver combines them, from half that where it only places them |
+//! | [`Pull`](Protocol::Pull) | the sender describes where the message lies; the receiver copies it out of the sender's memory in one pass and acknowledges | links whose receiver can read the sender's memory, messages from `XCCL_PULL_BYTES` (64 KiB), from half that in collectives that do not combine |
 //! | [`Split`](Protocol::Split) | a pull shared by both sides: the receiver copies the head while the sender writes the tail into the receiver's memory | one-way collectives (broadcast, scatter, gather) with a core per rank, 1-2 MiB |
 //!
 //! One function per decision, used by the executor when it runs a message and by the tuner

@@ -87,7 +87,11 @@ impl Memory {
     /// poll.
     pub(crate) fn spell(&mut self, peers: &[usize]) -> Spell {
         let cpu = current_cpu();
-        self.host.status(self.me).set_cpu(cpu);
+        // Written only when it changed: peers read this line while they wait.
+        let status = self.host.status(self.me);
+        if status.cpu() != cpu {
+            status.set_cpu(cpu);
+        }
         let mut spell = Spell { since: Instant::now(), looks: 0, yielding: false, budget: SPIN };
         match self.polling {
             Polling::Yield(budget) => (spell.yielding, spell.budget) = (true, budget),
