@@ -1,15 +1,31 @@
-//! No two top-level modules of a crate import each other, directly or through others.
+//! No two top-level modules of a crate import each other, directly or through others, and
+//! the layer tables of docs/ARCHITECTURE.md say where each module's imports go.
 //!
 //! The test reads every crate's sources (tests left out: a `#[cfg(test)]` module may reach
 //! anywhere), takes each file's references to `crate::MODULE` as edges from its top-level
 //! module, and looks for cycles. A cycle makes two modules one in all but name: neither can
-//! be understood, tested or changed without the other (docs/ARCHITECTURE.md gives the
-//! direction imports go in).
+//! be understood, tested or changed without the other. It then reads each crate's table
+//! (a ```` ```layers CRATE ```` block: one line per layer, top first) and checks that it
+//! names every module once and that every import goes to a lower line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const CRATES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+const ARCHITECTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/ARCHITECTURE.md");
+
+/// Every crate's name and module graph.
+fn crates() -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(CRATES).expect("the crates").flatten() {
+        let src = entry.path().join("src");
+        if src.is_dir() {
+            all.push((entry.file_name().to_string_lossy().into_owned(), graph(&src)));
+        }
+    }
+    all.sort();
+    all
+}
 
 /// Every `.rs` file under `dir`.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -76,10 +92,17 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let from = module_of(src, &file);
+        if from == "lib" || from == "main" {
+            continue; // the crate's root declares the modules and sits above them all
+        }
         let text = std::fs::read_to_string(&file).expect("read a source");
-        let to: Vec<String> =
-            references(&text).into_iter().filter(|m| *m != from && m != "lib" && m != "main").collect();
+        let to: Vec<String> = references(&text).into_iter().filter(|m| *m != from).collect();
         edges.entry(from).or_default().extend(to);
+    }
+    // `crate::Communicator` and the like name re-exports at the root, not modules.
+    let modules: BTreeSet<String> = edges.keys().cloned().collect();
+    for to in edges.values_mut() {
+        to.retain(|m| modules.contains(m));
     }
     edges
 }
@@ -108,20 +131,129 @@ fn cycle_through(edges: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Opt
 #[test]
 fn no_crate_has_a_module_cycle() {
     let mut cycles = Vec::new();
-    for entry in std::fs::read_dir(CRATES).expect("the crates").flatten() {
-        let src = entry.path().join("src");
-        if !src.is_dir() {
-            continue;
-        }
-        let edges = graph(&src);
-        assert!(edges.len() > 1 || entry.file_name() == "xccl-c", "{} has modules", src.display());
+    for (name, edges) in crates() {
+        assert!(!edges.is_empty() || name == "xccl-c", "{name} has modules");
         for module in edges.keys() {
             if let Some(c) = cycle_through(&edges, module) {
-                cycles.push(format!("{}: {}", entry.file_name().to_string_lossy(), c.join(" -> ")));
+                cycles.push(format!("{name}: {}", c.join(" -> ")));
             }
         }
     }
     assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}
+
+/// The layer tables of `doc`: crate name, then its layers from the top.
+fn layer_tables(doc: &str) -> BTreeMap<String, Vec<Vec<String>>> {
+    let mut tables = BTreeMap::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line.strip_prefix("```layers ") else { continue };
+        let layers = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|l| !l.is_empty())
+            .collect();
+        tables.insert(name.trim().to_string(), layers);
+    }
+    tables
+}
+
+/// What is wrong with `layers` as the table of `edges`: modules missing or named twice or
+/// unknown, imports that do not go down.
+fn table_errors(edges: &BTreeMap<String, BTreeSet<String>>, layers: &[Vec<String>]) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut level = BTreeMap::new();
+    for (i, layer) in layers.iter().enumerate() {
+        for m in layer {
+            if level.insert(m.clone(), i).is_some() {
+                errors.push(format!("`{m}` is on two lines"));
+            }
+        }
+    }
+    for m in edges.keys().filter(|m| !level.contains_key(*m)) {
+        errors.push(format!("`{m}` is missing"));
+    }
+    for m in level.keys().filter(|m| !edges.contains_key(*m)) {
+        errors.push(format!("`{m}` is not a module"));
+    }
+    for (from, tos) in edges {
+        for to in tos {
+            if let (Some(a), Some(b)) = (level.get(from), level.get(to))
+                && a >= b
+            {
+                errors.push(format!("`{from}` (line {}) imports `{to}` (line {})", a + 1, b + 1));
+            }
+        }
+    }
+    errors
+}
+
+/// The layers `edges` imply: each module one line above the highest it imports.
+fn derived_table(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    fn height(
+        m: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        memo: &mut BTreeMap<String, usize>,
+    ) -> usize {
+        if let Some(&h) = memo.get(m) {
+            return h;
+        }
+        memo.insert(m.to_string(), 0); // cut a cycle; the other test reports it
+        let h = edges.get(m).into_iter().flatten().map(|t| height(t, edges, memo) + 1).max().unwrap_or(0);
+        memo.insert(m.to_string(), h);
+        h
+    }
+    let mut memo = BTreeMap::new();
+    let mut layers: Vec<Vec<String>> = Vec::new();
+    for m in edges.keys() {
+        let h = height(m, edges, &mut memo);
+        if layers.len() <= h {
+            layers.resize(h + 1, Vec::new());
+        }
+        layers[h].push(m.clone());
+    }
+    layers.reverse();
+    layers
+}
+
+#[test]
+fn the_layer_tables_match_the_module_graph() {
+    let doc = std::fs::read_to_string(ARCHITECTURE).expect("docs/ARCHITECTURE.md");
+    let tables = layer_tables(&doc);
+    let mut wrong = Vec::new();
+    for (name, edges) in crates().into_iter().filter(|(_, edges)| !edges.is_empty()) {
+        let errors = match tables.get(&name) {
+            Some(layers) => table_errors(&edges, layers),
+            None => vec!["no table".to_string()],
+        };
+        if !errors.is_empty() {
+            let derived: Vec<String> = derived_table(&edges).iter().map(|l| l.join(" ")).collect();
+            wrong.push(format!(
+                "{name}: {}\n  a table the sources allow:\n```layers {name}\n{}\n```",
+                errors.join("; "),
+                derived.join("\n")
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "docs/ARCHITECTURE.md's layer tables are out of date:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_table_that_lets_an_import_go_up_is_wrong() {
+    let edges: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["c".to_string()])),
+        ("c".to_string(), BTreeSet::new()),
+    ]
+    .into();
+    let table = |t: &str| layer_tables(&format!("text\n```layers k\n{t}\n```\nmore"))["k"].clone();
+    assert_eq!(table_errors(&edges, &table("a\nb\nc")), Vec::<String>::new());
+    assert_eq!(derived_table(&edges), table("a\nb\nc"));
+    assert_eq!(table_errors(&edges, &table("a\nb c")), ["`b` (line 2) imports `c` (line 2)"]);
+    assert_eq!(table_errors(&edges, &table("b\na\nc")), ["`a` (line 2) imports `b` (line 1)"]);
+    let errors = ["`c` is missing", "`d` is not a module", "`a` (line 1) imports `b` (line 1)"];
+    assert_eq!(table_errors(&edges, &table("a b\nd")), errors);
 }
 
 #[test]

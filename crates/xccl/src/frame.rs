@@ -14,6 +14,8 @@ use crate::algo::Algorithm;
 use crate::coll::CollKind;
 use crate::dtype::DType;
 use crate::reduce::ReduceOp;
+use crate::transport::tcp::LastWords;
+use crate::transport::{Closed, Farewell};
 
 /// Bytes in a frame header.
 pub(crate) const HEADER_LEN: usize = 72;
@@ -309,6 +311,63 @@ impl Header {
     }
 }
 
+/// The last words of communicator `comm`'s streams: a goodbye or abort frame, after
+/// which the stream ends.
+pub(crate) struct Farewells {
+    /// The communicator the frames name.
+    pub comm: u64,
+}
+
+impl LastWords for Farewells {
+    fn say(&self, farewell: &Farewell) -> Vec<u8> {
+        let (kind, origin, reason) = match farewell {
+            Farewell::Goodbye => (FrameKind::Goodbye, 0, &b""[..]),
+            Farewell::Abort { origin, reason } => {
+                let cut = reason.len().min(MAX_REASON);
+                (FrameKind::Abort, *origin, &reason.as_bytes()[..cut])
+            }
+        };
+        let mut header = Header::control(kind, self.comm, reason.len());
+        // An abort names the rank where the failure began in the root field.
+        header.root = origin as u32;
+        let mut bytes = header.encode().to_vec();
+        bytes.extend_from_slice(reason);
+        bytes.resize(bytes.len() + pad_for(reason.len()), 0);
+        bytes
+    }
+
+    /// Walks the frames left in the stream: the last one says how the peer ended.
+    fn read(&self, mut rest: &[u8]) -> Closed {
+        loop {
+            if rest.is_empty() {
+                return Closed::Vanished(
+                    "connection closed without a goodbye (process exited or was killed)".into(),
+                );
+            }
+            let Some(head) = rest.first_chunk::<HEADER_LEN>() else {
+                return Closed::Vanished("connection closed in the middle of a frame".into());
+            };
+            let h = match Header::decode(head) {
+                Ok(h) => h,
+                Err(e) => return Closed::Vanished(format!("connection closed after a bad frame: {e}")),
+            };
+            let body = h.len as usize + pad_for(h.len as usize);
+            let Some(after) = rest.get(HEADER_LEN + body..) else {
+                return Closed::Vanished("connection closed in the middle of a frame".into());
+            };
+            match h.kind {
+                FrameKind::Goodbye if after.is_empty() => return Closed::Goodbye,
+                FrameKind::Abort => {
+                    let reason = &rest[HEADER_LEN..HEADER_LEN + h.len as usize];
+                    let reason = String::from_utf8_lossy(reason).into_owned();
+                    return Closed::Aborted { origin: h.root as usize, reason };
+                }
+                _ => rest = after,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +420,36 @@ mod tests {
         let mut h = Header::control(FrameKind::Abort, 1, MAX_REASON + 1);
         h.total = h.len as u64;
         assert!(Header::decode(&h.encode()).is_err());
+    }
+
+    #[test]
+    fn last_words_are_read_back_after_data() {
+        let words = Farewells { comm: 9 };
+        let mut data = sample();
+        data.len = 5;
+        data.total = 5;
+        data.offset = 0;
+        let mut stream = data.encode().to_vec();
+        stream.extend_from_slice(&[1, 2, 3, 4, 5, 0, 0, 0]);
+        let after_data = |farewell: &Farewell| {
+            let mut s = stream.clone();
+            s.extend(words.say(farewell));
+            words.read(&s)
+        };
+        assert_eq!(after_data(&Farewell::Goodbye), Closed::Goodbye);
+        let abort = Farewell::Abort { origin: 3, reason: "disk on fire".into() };
+        assert_eq!(after_data(&abort), Closed::Aborted { origin: 3, reason: "disk on fire".into() });
+        let long = Farewell::Abort { origin: 1, reason: "x".repeat(MAX_REASON + 10) };
+        assert!(matches!(after_data(&long), Closed::Aborted { reason, .. } if reason.len() == MAX_REASON));
+        let vanished = |s: &[u8], why: &str| matches!(words.read(s), Closed::Vanished(r) if r.contains(why));
+        assert!(vanished(&stream, "without a goodbye"));
+        assert!(vanished(&stream[..stream.len() - 1], "middle of a frame"));
+        assert!(vanished(&stream[..10], "middle of a frame"));
+        assert!(vanished(&[7u8; HEADER_LEN], "bad frame"));
+        // A goodbye with bytes after it is not the last word.
+        let mut s = words.say(&Farewell::Goodbye);
+        s.extend_from_slice(&stream[..HEADER_LEN]);
+        assert!(vanished(&s, "middle of a frame"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::auth::{self, Auth, Purpose};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::transport::Link;
-use crate::transport::tcp::TcpLink;
+use crate::transport::tcp::{LastWords, TcpLink};
 
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -130,6 +130,7 @@ impl Drop for Acceptor {
 
 /// Connects rank `me` of communicator `comm` to the members that have an address in `addrs`
 /// (the acceptor of member `r`, or `None` for members reached another way, and for `me`).
+/// `words` gives each link the format of its stream's last words.
 pub(crate) fn connect(
     acceptor: &Acceptor,
     auth: &Auth,
@@ -137,6 +138,7 @@ pub(crate) fn connect(
     me: usize,
     addrs: &[Option<SocketAddr>],
     config: &Config,
+    words: &dyn Fn() -> Box<dyn LastWords>,
 ) -> Result<Vec<Option<Box<dyn Link>>>> {
     let (max_frame, timeout, liveness) = (config.tcp_segment, config.timeout, config.link_timeout);
     let deadline = Instant::now() + timeout;
@@ -167,7 +169,7 @@ pub(crate) fn connect(
             HANDSHAKE_PATIENCE.min(timeout),
         )?;
         links[peer] = Some(Box::new(
-            TcpLink::new(s, comm, max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
+            TcpLink::new(s, words(), max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
         ));
     }
     for (peer, slot) in links.iter_mut().enumerate().skip(me + 1) {
@@ -183,7 +185,7 @@ pub(crate) fn connect(
             ))
         })?;
         *slot = Some(Box::new(
-            TcpLink::new(s, comm, max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
+            TcpLink::new(s, words(), max_frame, liveness).map_err(|e| Error::io("configuring a link", e))?,
         ));
     }
     Ok(links)

@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, Tuning};
 use crate::flight::Recorder;
+use crate::frame::Farewells;
 use crate::stall::Board;
 use crate::stream::Stream;
 use crate::transport::local::{self, LocalMesh};
@@ -77,7 +78,9 @@ impl TcpFabric {
         let addrs: Vec<Option<SocketAddr>> = (0..members.len())
             .map(|q| (q != rank && !(shm && hosts[q] == hosts[rank])).then(|| self.addrs[members[q]]))
             .collect();
-        let mut links = mesh::connect(&self.acceptor, &self.auth, id, rank, &addrs, config)?;
+        let mut links = mesh::connect(&self.acceptor, &self.auth, id, rank, &addrs, config, &|| {
+            Box::new(Farewells { comm: id })
+        })?;
         let mut memory = None;
         if shm {
             let me = local

@@ -121,7 +121,7 @@ pub(crate) trait Link: Send {
 
     /// Whether the peer has ended its side and how, or `None` while it is open. Data the
     /// peer sent before it ended stays readable. Call only at a frame boundary of the
-    /// incoming stream (a socket link parses what is left to find the peer's last word).
+    /// incoming stream (a socket link hands what is left to its stream's `LastWords`).
     fn hangup(&mut self) -> io::Result<Option<Closed>>;
 
     /// Says `farewell` (abort notices only if `at_boundary`, i.e. no outgoing frame is half

@@ -15,7 +15,6 @@ use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags, Shutdown, sockopt};
 
 use super::{Closed, Farewell, Link};
-use crate::frame::{self, FrameKind, HEADER_LEN, Header};
 
 /// Bytes staged for one reducing read.
 const STAGE: usize = 256 << 10;
@@ -31,13 +30,25 @@ struct Source {
     eof: bool,
 }
 
+/// How a byte stream's last words are said and read. The format is that of whoever frames
+/// the stream (the executor's `frame.rs`); the link only carries bytes.
+pub(crate) trait LastWords: Send {
+    /// The bytes that end a stream with `farewell`.
+    fn say(&self, farewell: &Farewell) -> Vec<u8>;
+
+    /// How a peer ended its stream, from `rest`, the bytes it left unread (starting at a
+    /// message boundary) when it hung up.
+    fn read(&self, rest: &[u8]) -> Closed;
+}
+
 /// A link over one connected TCP socket.
 pub(crate) struct TcpLink {
     src: Source,
     /// Words, so that staged payloads are aligned for every element type.
     stage: Vec<u64>,
     staged: usize,
-    comm: u64,
+    /// How the stream's last words are said and read.
+    words: Box<dyn LastWords>,
     max_frame: usize,
     /// How long the peer's host may leave this side's bytes unacknowledged.
     liveness: Duration,
@@ -104,8 +115,8 @@ impl Source {
 }
 
 impl TcpLink {
-    /// Wraps a connected, authenticated socket of communicator `comm`; frames carry at most
-    /// `max_frame` payload bytes. A peer that stops answering (its host gone, the link cut)
+    /// Wraps a connected, authenticated socket whose stream ends with `words`; frames carry
+    /// at most `max_frame` payload bytes. A peer that stops answering (its host gone, the link cut)
     /// is reported lost after about `liveness`: when the link is idle, by keep-alive probes
     /// every quarter of it; when this side holds bytes for the peer, by [`Link::unanswered`],
     /// which the executor asks while it waits. Not by the kernel's `TCP_USER_TIMEOUT`: since
@@ -113,7 +124,12 @@ impl TcpLink {
     /// busy elsewhere, which a rank that runs ahead of a slower one must survive. A peer
     /// that is alive but stalled (stopped, overloaded) still answers the kernel: the
     /// operation's own `XCCL_TIMEOUT` catches that.
-    pub fn new(sock: TcpStream, comm: u64, max_frame: usize, liveness: Duration) -> io::Result<TcpLink> {
+    pub fn new(
+        sock: TcpStream,
+        words: Box<dyn LastWords>,
+        max_frame: usize,
+        liveness: Duration,
+    ) -> io::Result<TcpLink> {
         sock.set_nodelay(true)?;
         sock.set_nonblocking(true)?;
         let quarter = (liveness / 4).max(Duration::from_secs(1));
@@ -122,41 +138,7 @@ impl TcpLink {
         sockopt::set_tcp_keepintvl(&sock, quarter)?;
         sockopt::set_tcp_keepcnt(&sock, 3)?;
         let src = Source { sock, leftover: Vec::new(), leftover_at: 0, eof: false };
-        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, comm, max_frame, liveness })
-    }
-
-    /// Walks the frames left in the stream: the last one says how the peer ended.
-    fn last_word(&self) -> Closed {
-        let mut rest = &self.src.leftover[self.src.leftover_at..];
-        loop {
-            if rest.is_empty() {
-                return Closed::Vanished(
-                    "connection closed without a goodbye (process exited or was killed)".into(),
-                );
-            }
-            let Some(head) = rest.first_chunk::<HEADER_LEN>() else {
-                return Closed::Vanished("connection closed in the middle of a frame".into());
-            };
-            let h = match Header::decode(head) {
-                Ok(h) => h,
-                Err(e) => {
-                    return Closed::Vanished(format!("connection closed after a bad frame: {e}"));
-                }
-            };
-            let body = h.len as usize + frame::pad_for(h.len as usize);
-            let Some(after) = rest.get(HEADER_LEN + body..) else {
-                return Closed::Vanished("connection closed in the middle of a frame".into());
-            };
-            match h.kind {
-                FrameKind::Goodbye if after.is_empty() => return Closed::Goodbye,
-                FrameKind::Abort => {
-                    let reason = &rest[HEADER_LEN..HEADER_LEN + h.len as usize];
-                    let reason = String::from_utf8_lossy(reason).into_owned();
-                    return Closed::Aborted { origin: h.root as usize, reason };
-                }
-                _ => rest = after,
-            }
-        }
+        Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, words, max_frame, liveness })
     }
 
     /// Writes all of `bytes` within `patience`, waiting for room.
@@ -272,24 +254,12 @@ impl Link for TcpLink {
         if !self.src.drain()? {
             return Ok(None);
         }
-        Ok(Some(self.last_word()))
+        Ok(Some(self.words.read(&self.src.leftover[self.src.leftover_at..])))
     }
 
     fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration) {
         if at_boundary {
-            let (kind, origin, reason) = match farewell {
-                Farewell::Goodbye => (FrameKind::Goodbye, 0, &b""[..]),
-                Farewell::Abort { origin, reason } => {
-                    let cut = reason.len().min(frame::MAX_REASON);
-                    (FrameKind::Abort, *origin, &reason.as_bytes()[..cut])
-                }
-            };
-            let mut header = Header::control(kind, self.comm, reason.len());
-            // An abort names the rank where the failure began in the root field.
-            header.root = origin as u32;
-            let mut bytes = header.encode().to_vec();
-            bytes.extend_from_slice(reason);
-            bytes.resize(bytes.len() + frame::pad_for(reason.len()), 0);
+            let bytes = self.words.say(farewell);
             // An abort is said in passing; a goodbye is worth waiting a little for.
             let wait = if *farewell == Farewell::Goodbye { patience } else { Duration::ZERO };
             let _ = self.write_fully(&bytes, wait);
