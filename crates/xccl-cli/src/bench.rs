@@ -14,107 +14,82 @@ use xccl::protocol::{Protocol, ProtocolPolicy};
 use xccl::schedule::Blocks;
 use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
 
-/// The collective to measure.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Coll {
-    /// `all_reduce` (busbw = algbw * 2(n-1)/n)
-    #[value(name = "all_reduce", alias = "allreduce")]
-    AllReduce,
-    /// `all_gather` (size is the gathered output)
-    #[value(name = "all_gather", alias = "allgather")]
-    AllGather,
-    /// `reduce_scatter` (size is the per-rank input)
-    #[value(name = "reduce_scatter", alias = "reducescatter")]
-    ReduceScatter,
-    /// `reduce_scatter_v` with uneven blocks: rank k's block is 1 + k % 3 parts of the
-    /// per-rank input (size is the per-rank input)
-    #[value(name = "reduce_scatter_v", alias = "reducescatterv")]
-    ReduceScatterV,
-    /// `broadcast`
-    #[value(name = "broadcast", alias = "bcast")]
-    Broadcast,
-    /// `reduce`
-    #[value(name = "reduce")]
-    Reduce,
-    /// `all_to_all` (size is the per-rank send buffer)
-    #[value(name = "all_to_all", alias = "alltoall")]
-    AllToAll,
-    /// `scatter` (size is the root's whole input)
-    #[value(name = "scatter")]
-    Scatter,
-    /// `gather` (size is the root's whole output)
-    #[value(name = "gather")]
-    Gather,
-    /// `send`/`recv` around a ring: every rank sends to the next one
-    #[value(name = "sendrecv")]
-    SendRecv,
+/// The operation to measure: a collective ([`CollKind`]; `reduce_scatter_v` is its uneven
+/// variant, rank k's block 1 + k % 3 parts of the per-rank input) or, as `sendrecv`
+/// ([`CollKind::SendRecv`]), a message to the next rank around a ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coll {
+    /// The operation.
+    pub kind: CollKind,
+    /// The uneven variant (`reduce_scatter_v`).
+    pub uneven: bool,
 }
 
 impl Coll {
-    /// Every collective the benchmark knows.
-    pub const ALL: [Coll; 10] = [
-        Coll::AllReduce,
-        Coll::AllGather,
-        Coll::ReduceScatter,
-        Coll::ReduceScatterV,
-        Coll::Broadcast,
-        Coll::Reduce,
-        Coll::AllToAll,
-        Coll::Scatter,
-        Coll::Gather,
-        Coll::SendRecv,
-    ];
+    /// Every operation the benchmark knows: the collectives, the uneven reduce-scatter, and
+    /// point-to-point messages.
+    pub fn all() -> Vec<Coll> {
+        let mut all: Vec<Coll> =
+            CollKind::COLLECTIVES.into_iter().map(|kind| Coll { kind, uneven: false }).collect();
+        all.push(Coll { kind: CollKind::ReduceScatter, uneven: true });
+        all.push(Coll { kind: CollKind::SendRecv, uneven: false });
+        all
+    }
 
-    /// The name nccl-tests uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce => "allreduce",
-            Coll::AllGather => "allgather",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::ReduceScatterV => "reduce_scatter_v",
-            Coll::Broadcast => "bcast",
-            Coll::Reduce => "reduce",
-            Coll::AllToAll => "alltoall",
-            Coll::Scatter => "scatter",
-            Coll::Gather => "gather",
-            Coll::SendRecv => "sendrecv",
+    /// The operation called `s`: a collective's name as [`CollKind::named`] takes it,
+    /// nccl-tests' (`allreduce`, `bcast`), `reduce_scatter_v` or `sendrecv`.
+    pub fn parse(s: &str) -> Result<Coll, String> {
+        let norm = s.trim().replace('_', "").to_ascii_lowercase();
+        let (kind, uneven) = match norm.as_str() {
+            "sendrecv" => (Some(CollKind::SendRecv), false),
+            "bcast" => (Some(CollKind::Broadcast), false),
+            "reducescatterv" => (Some(CollKind::ReduceScatter), true),
+            _ => (CollKind::named(&norm), false),
+        };
+        kind.map(|kind| Coll { kind, uneven }).ok_or_else(|| {
+            let names: Vec<String> = Coll::all().iter().map(|c| c.to_string()).collect();
+            format!("`{s}` is not an operation xccl bench measures; one of: {}", names.join(", "))
+        })
+    }
+
+    /// The name nccl-tests uses (`allreduce`, `bcast`, ...), which the peer harnesses and
+    /// `summarize_shm.py` read.
+    pub fn name(self) -> String {
+        match (self.kind, self.uneven) {
+            (CollKind::Broadcast, _) => "bcast".into(),
+            (CollKind::SendRecv, _) => "sendrecv".into(),
+            (CollKind::ReduceScatter, true) => "reduce_scatter_v".into(),
+            (CollKind::ReduceScatter, false) => "reduce_scatter".into(),
+            (kind, _) => kind.name().replace('_', ""),
         }
     }
 
-    /// nccl-tests' bus-bandwidth factor ([`CollKind::bus_factor`]).
-    pub fn busbw_factor(self, n: usize) -> f64 {
-        self.kind().map_or(1.0, |k| k.bus_factor(n))
-    }
-
-    fn reduces(self) -> bool {
-        self.kind().is_some_and(CollKind::combines)
-    }
-
     fn rooted(self) -> bool {
-        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Scatter | Coll::Gather)
+        self.kind.one_way() || self.kind == CollKind::Reduce
     }
 
-    /// The library's collective, if this is one.
-    pub(crate) fn kind(self) -> Option<CollKind> {
-        Some(match self {
-            Coll::AllReduce => CollKind::AllReduce,
-            Coll::AllGather => CollKind::AllGather,
-            Coll::ReduceScatter | Coll::ReduceScatterV => CollKind::ReduceScatter,
-            Coll::Broadcast => CollKind::Broadcast,
-            Coll::Reduce => CollKind::Reduce,
-            Coll::AllToAll => CollKind::AllToAll,
-            Coll::Scatter => CollKind::Scatter,
-            Coll::Gather => CollKind::Gather,
-            Coll::SendRecv => return None,
-        })
+    /// The collective whose algorithms run it (none for point-to-point messages).
+    pub(crate) fn collective(self) -> Option<CollKind> {
+        (self.kind != CollKind::SendRecv).then_some(self.kind)
+    }
+}
+
+impl std::fmt::Display for Coll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.kind, self.uneven) {
+            (CollKind::SendRecv, _) => f.write_str("sendrecv"),
+            (kind, true) => write!(f, "{kind}_v"),
+            (kind, false) => write!(f, "{kind}"),
+        }
     }
 }
 
 /// Arguments of `xccl bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// The collective.
-    #[arg(value_enum)]
+    /// The operation: all_reduce, all_gather, reduce_scatter, reduce_scatter_v, broadcast,
+    /// reduce, all_to_all, scatter, gather, barrier (one row: sizes do not apply) or sendrecv.
+    #[arg(value_parser = Coll::parse)]
     pub coll: Coll,
     /// Smallest size in bytes (K, M, G suffixes).
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
@@ -182,7 +157,7 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 
 /// Runs `xccl bench`.
 pub fn run(args: &BenchArgs) -> xccl::Result<()> {
-    if args.inplace && args.coll != Coll::AllReduce {
+    if args.inplace && args.coll.kind != CollKind::AllReduce {
         return Err(xccl::Error::Config(
             "--inplace applies to all_reduce (broadcast is always in place)".into(),
         ));
@@ -194,7 +169,7 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
     if let Some(algo) = args.algo {
         let kind = args
             .coll
-            .kind()
+            .collective()
             .ok_or_else(|| xccl::Error::Config("--algo does not apply to sendrecv".into()))?;
         config.algos.set(kind, algo)?;
     }
@@ -233,6 +208,9 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
 }
 
 fn sizes(args: &BenchArgs) -> Vec<usize> {
+    if args.coll.kind == CollKind::Barrier {
+        return vec![0];
+    }
     if !args.sizes.is_empty() {
         return args.sizes.clone();
     }
@@ -289,11 +267,11 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
     };
     let code = |s: usize, d: usize, j: usize| T::from_f64(((s * 5 + d * 3 + j) % 11) as f64);
     let filler = T::from_f64(99.0);
-    let inplace = args.inplace && args.coll == Coll::AllReduce;
-    match args.coll {
-        Coll::AllReduce | Coll::Reduce => {
+    let inplace = args.inplace && args.coll.kind == CollKind::AllReduce;
+    match args.coll.kind {
+        CollKind::AllReduce | CollKind::Reduce => {
             let table: Vec<T> = (0..35).map(reduced).collect();
-            let is_out = args.coll == Coll::AllReduce || r == root;
+            let is_out = args.coll.kind == CollKind::AllReduce || r == root;
             Case {
                 input: (0..elems).map(|i| val(op, r, i)).collect(),
                 output: vec![filler; if is_out && !inplace { elems } else { 0 }],
@@ -304,7 +282,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 inplace,
             }
         }
-        Coll::Broadcast => Case {
+        CollKind::Broadcast => Case {
             input: Vec::new(),
             output: (0..elems).map(|i| if r == root { val(op, root, i) } else { filler }).collect(),
             expected: (0..elems).map(|i| val(op, root, i)).collect(),
@@ -313,8 +291,8 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             counts: Vec::new(),
             inplace: false,
         },
-        Coll::AllGather | Coll::Gather => {
-            let is_out = args.coll == Coll::AllGather || r == root;
+        CollKind::AllGather | CollKind::Gather => {
+            let is_out = args.coll.kind == CollKind::AllGather || r == root;
             Case {
                 input: (0..block).map(|j| val(op, r, j)).collect(),
                 output: vec![filler; if is_out { block * n } else { 0 }],
@@ -329,7 +307,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 inplace: false,
             }
         }
-        Coll::ReduceScatter => {
+        CollKind::ReduceScatter if !args.coll.uneven => {
             let table: Vec<T> = (0..35).map(reduced).collect();
             Case {
                 input: (0..block * n).map(|i| val(op, r, i)).collect(),
@@ -341,7 +319,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 inplace: false,
             }
         }
-        Coll::ReduceScatterV => {
+        CollKind::ReduceScatter => {
             // Rank k's block holds 1 + k % 3 parts; the last block takes what is left over.
             let parts: Vec<usize> = (0..n).map(|k| 1 + k % 3).collect();
             let whole: usize = parts.iter().sum();
@@ -359,7 +337,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
                 inplace: false,
             }
         }
-        Coll::AllToAll => Case {
+        CollKind::AllToAll => Case {
             input: (0..block * n).map(|k| code(r, k / block, k % block)).collect(),
             output: vec![filler; block * n],
             expected: (0..block * n).map(|k| code(k / block, r, k % block)).collect(),
@@ -368,7 +346,7 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             counts: Vec::new(),
             inplace: false,
         },
-        Coll::Scatter => Case {
+        CollKind::Scatter => Case {
             input: if r == root { (0..block * n).map(|k| val(op, root, k)).collect() } else { Vec::new() },
             output: vec![filler; block],
             expected: (0..block).map(|j| val(op, root, r * block + j)).collect(),
@@ -377,7 +355,16 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             counts: Vec::new(),
             inplace: false,
         },
-        Coll::SendRecv => {
+        CollKind::Barrier => Case {
+            input: Vec::new(),
+            output: Vec::new(),
+            expected: Vec::new(),
+            count: 0,
+            shape: Shape::Count(0),
+            counts: Vec::new(),
+            inplace: false,
+        },
+        CollKind::SendRecv => {
             let prev = (r + n - 1) % n;
             Case {
                 input: (0..elems).map(|i| val(op, r, i)).collect(),
@@ -394,18 +381,21 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
 
 pub(crate) fn run_once<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<()> {
     let (op, root) = (args.op, args.root);
-    match args.coll {
-        Coll::AllReduce if args.inplace => c.all_reduce(&mut k.input, op),
-        Coll::AllReduce => c.all_reduce_into(&k.input, &mut k.output, op),
-        Coll::Reduce => c.reduce(&k.input, &mut k.output, op, root),
-        Coll::Broadcast => c.broadcast(&mut k.output, root),
-        Coll::AllGather => c.all_gather(&k.input, &mut k.output),
-        Coll::Gather => c.gather(&k.input, &mut k.output, root),
-        Coll::ReduceScatter => c.reduce_scatter(&k.input, &mut k.output, op),
-        Coll::ReduceScatterV => c.reduce_scatter_v(&k.input, &mut k.output, &k.counts, op),
-        Coll::AllToAll => c.all_to_all(&k.input, &mut k.output),
-        Coll::Scatter => c.scatter(&k.input, &mut k.output, root),
-        Coll::SendRecv => {
+    match args.coll.kind {
+        CollKind::AllReduce if args.inplace => c.all_reduce(&mut k.input, op),
+        CollKind::AllReduce => c.all_reduce_into(&k.input, &mut k.output, op),
+        CollKind::Reduce => c.reduce(&k.input, &mut k.output, op, root),
+        CollKind::Broadcast => c.broadcast(&mut k.output, root),
+        CollKind::AllGather => c.all_gather(&k.input, &mut k.output),
+        CollKind::Gather => c.gather(&k.input, &mut k.output, root),
+        CollKind::ReduceScatter if args.coll.uneven => {
+            c.reduce_scatter_v(&k.input, &mut k.output, &k.counts, op)
+        }
+        CollKind::ReduceScatter => c.reduce_scatter(&k.input, &mut k.output, op),
+        CollKind::Barrier => c.barrier(),
+        CollKind::AllToAll => c.all_to_all(&k.input, &mut k.output),
+        CollKind::Scatter => c.scatter(&k.input, &mut k.output, root),
+        CollKind::SendRecv => {
             let (n, r) = (c.size(), c.rank());
             if n == 1 {
                 k.output.copy_from_slice(&k.input);
@@ -489,7 +479,7 @@ pub(crate) fn measure<T: Element>(
         tavg,
         tmax: tmax[0],
         algbw,
-        busbw: algbw * args.coll.busbw_factor(n),
+        busbw: algbw * args.coll.kind.bus_factor(n),
         wrong: sums[1] as usize,
         iters,
     };
@@ -506,7 +496,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
             println!("{s}");
         }
     };
-    let redop = if args.coll.reduces() { args.op.name() } else { "none" };
+    let redop = if args.coll.kind.combines() { args.op.name() } else { "none" };
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     say(format!(
         "# xccl bench: op={} nranks={n} transport={transport} dtype={} redop={redop} {} host_cpus={cores} oversubscribed={}",
@@ -516,7 +506,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         if n > cores { "yes" } else { "no" }
     ));
     say("#".into());
-    say(format!("# op={}  busbw factor={:.4}", args.coll.name(), args.coll.busbw_factor(n)));
+    say(format!("# op={}  busbw factor={:.4}", args.coll.name(), args.coll.kind.bus_factor(n)));
     let root_col = if args.peer_format { String::new() } else { format!(" {:>5}", "root") };
     let pred_col = if args.every_algo { format!(" {:>10}", "pred(us)") } else { String::new() };
     say(format!(
@@ -534,7 +524,7 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
     ));
     // With --every-algo or --every-proto, one duplicate communicator per algorithm and
     // protocol, each forced to it.
-    let kind = args.coll.kind();
+    let kind = args.coll.collective();
     let sweep = args.every_algo || args.every_proto;
     let algos: Vec<Option<Algorithm>> = match (args.every_algo, kind) {
         (false, _) => vec![None],
@@ -645,4 +635,23 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
 fn wrong_count<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<usize> {
     run_once(c, args, k)?;
     Ok(wrong(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_parses_back_from_its_names() {
+        for coll in Coll::all() {
+            assert_eq!(Coll::parse(&coll.to_string()), Ok(coll), "{coll}");
+            assert_eq!(Coll::parse(&coll.name()), Ok(coll), "{}", coll.name());
+        }
+        assert_eq!(Coll::all().len(), CollKind::COLLECTIVES.len() + 2);
+        let bcast = Coll { kind: CollKind::Broadcast, uneven: false };
+        assert_eq!(Coll::parse("bcast"), Ok(bcast));
+        assert_eq!(Coll::parse("AllReduce").map(|c| c.kind), Ok(CollKind::AllReduce));
+        let e = Coll::parse("all_gather_v").unwrap_err();
+        assert!(e.contains("`all_gather_v` is not") && e.contains("reduce_scatter_v, sendrecv"), "{e}");
+    }
 }

@@ -44,7 +44,8 @@ struct MeasureArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+        default_value = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all",
+        value_parser = Coll::parse
     )]
     colls: Vec<Coll>,
     /// Seconds each timed loop should last.
@@ -107,7 +108,7 @@ fn join<T: ToString>(v: &[T]) -> String {
 }
 
 fn measure(args: &MeasureArgs) -> xccl::Result<()> {
-    if args.colls.contains(&Coll::ReduceScatterV) {
+    if args.colls.iter().any(|c| c.uneven) {
         // A record holds one count per rank, and the fit costs that even layout.
         return Err(xccl::Error::Config(
             "--colls: reduce_scatter_v is not measured, records hold even layouts (reduce_scatter's \
@@ -140,7 +141,8 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
     let topo = c.topology();
     let mut records = String::new();
     for &coll in &args.colls {
-        let kind = coll.kind().ok_or_else(|| xccl::Error::Config("sendrecv has no algorithms".into()))?;
+        let kind =
+            coll.collective().ok_or_else(|| xccl::Error::Config("sendrecv has no algorithms".into()))?;
         let bargs = BenchArgs {
             coll,
             min: 1,
