@@ -11,7 +11,7 @@ use xccl::CollKind;
 use xccl::algo::Algorithm;
 use xccl::algo::tune::CostModel;
 use xccl_sim::sweep::{sweep, tuner_pick};
-use xccl_sim::{Model, report, spec};
+use xccl_sim::{report, spec};
 
 /// Arguments of `xccl sim`.
 #[derive(clap::Args, Debug)]
@@ -82,7 +82,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
 fn simulate(args: &SimArgs) -> Result<(), String> {
     let kind = CollKind::named(&args.collective)
         .ok_or_else(|| format!("unknown collective '{}'", args.collective))?;
-    let costs = match &args.tune_file {
+    let mut costs = match &args.tune_file {
         Some(f) => {
             let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
             CostModel::default().with_text(f, &text).map_err(|e| e.to_string())?
@@ -93,12 +93,11 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
         return Err("--hosts and --ranks-per-host must be positive".into());
     }
     let topo = spec::parse(&args.topology, args.hosts, &costs)?;
-    let mut model = Model::from_costs(&costs);
     if !args.topology.starts_with("measured") {
-        model.alpha = 1e-6;
+        costs.tcp.alpha = 1e-6;
     }
     if let Some(a) = args.alpha_us {
-        model.alpha = a * 1e-6;
+        costs.tcp.alpha = a * 1e-6;
     }
     let only: Option<Vec<Algorithm>> = match args.algo.as_str() {
         "all" => None,
@@ -116,15 +115,15 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
         topo.name,
         args.hosts,
         args.ranks_per_host,
-        model.alpha * 1e6,
-        model.shm_bw / 1e9
+        costs.tcp.alpha * 1e6,
+        1e-9 / costs.shm.beta
     );
     println!(
         "# {:>12} {:<20} {:>14} {:>12} {:>12} {:>10}",
         "size(B)", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "sim(s)"
     );
     let t0 = Instant::now();
-    let rows = sweep(&topo, &model, &placement, kind, only.as_deref(), &args.sizes);
+    let rows = sweep(&topo, &costs, &placement, kind, only.as_deref(), &args.sizes);
     let mut heat = None;
     for &bytes in &args.sizes {
         let here: Vec<_> = rows.iter().filter(|r| r.bytes == bytes).collect();
@@ -155,8 +154,7 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
                 "never" => false,
                 _ => n <= 1024,
             };
-            let pick =
-                want_pick.then(|| tuner_pick(&topo, &model, &costs, &placement, kind, bytes)).flatten();
+            let pick = want_pick.then(|| tuner_pick(&topo, &costs, &placement, kind, bytes)).flatten();
             let verdict = match pick {
                 Some((p, _)) if p == algo => "the same".to_string(),
                 Some((p, _)) => match here.iter().find(|r| r.algo == p).and_then(|r| r.outcome.as_ref().ok())

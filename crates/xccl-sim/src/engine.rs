@@ -21,6 +21,7 @@ use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 use xccl::CollKind;
+use xccl::algo::tune::CostModel;
 use xccl::algo::{self, Algorithm, Shape};
 use xccl::schedule::order::{Follow, StepOrder};
 use xccl::schedule::{Op, Program};
@@ -29,22 +30,8 @@ use crate::network::Fluid;
 use crate::queue::Queue;
 use crate::topology::Topology;
 
-/// The constants of the ranks (the network's are in its links).
-#[derive(Copy, Clone, Debug, PartialEq)]
-pub struct Model {
-    /// Seconds of processor time per message sent between hosts.
-    pub alpha: f64,
-    /// Seconds per message sent inside a host.
-    pub shm_alpha: f64,
-    /// Bytes per second of a host's memory, shared by its ranks' messages.
-    pub shm_bw: f64,
-    /// Seconds per byte combined.
-    pub gamma: f64,
-    /// Seconds per byte copied locally.
-    pub delta: f64,
-    /// Bytes of a forwarding segment (the executor's).
-    pub segment: f64,
-}
+/// Bytes of a forwarding segment: the executor's (`XCCL_SEGMENT_BYTES`' default).
+pub const SEGMENT: f64 = (1 << 20) as f64;
 
 /// What a simulated collective did.
 #[derive(Clone, Debug, PartialEq)]
@@ -251,8 +238,16 @@ pub struct Call {
 }
 
 /// Simulates `call` with rank `r` on host `placement[r]` of `topo`: the same schedules the
-/// executor runs (`algo::build`).
-pub fn simulate(topo: &Topology, model: &Model, placement: &[usize], call: &Call) -> Result<Outcome, String> {
+/// executor runs (`algo::build`), with the tuner's constants (`costs`) for what the ranks
+/// spend: the TCP class's latency per message between hosts, the shared-memory class's
+/// latency, rate (the host's memory, shared by its ranks' messages), reduce and copy costs.
+/// The network's rates and latencies are the topology's links.
+pub fn simulate(
+    topo: &Topology,
+    costs: &CostModel,
+    placement: &[usize],
+    call: &Call,
+) -> Result<Outcome, String> {
     if let Some(&h) = placement.iter().find(|&&h| h >= topo.hosts) {
         return Err(format!("rank placed on host {h} of a topology of {} hosts", topo.hosts));
     }
@@ -264,7 +259,7 @@ pub fn simulate(topo: &Topology, model: &Model, placement: &[usize], call: &Call
             table.add(&p, call.esize)
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Sim::new(topo, model, placement, table, progs).run()
+    Sim::new(topo, costs, placement, table, progs).run()
 }
 
 /// A route between hosts: its links, latency and bottleneck rate.
@@ -272,7 +267,7 @@ type Route = (Rc<[u32]>, f64, f64);
 
 struct Sim<'a> {
     topo: &'a Topology,
-    model: &'a Model,
+    costs: &'a CostModel,
     placement: &'a [usize],
     table: Table,
     /// Per rank, its steps (indices in `table`).
@@ -308,7 +303,7 @@ struct Sim<'a> {
 impl<'a> Sim<'a> {
     fn new(
         topo: &'a Topology,
-        model: &'a Model,
+        costs: &'a CostModel,
         placement: &'a [usize],
         table: Table,
         progs: Vec<Vec<u32>>,
@@ -316,10 +311,10 @@ impl<'a> Sim<'a> {
         let n = progs.len();
         // The topology's links, then one memory link per host.
         let mut caps: Vec<f64> = topo.links.iter().map(|l| l.bw).collect();
-        caps.extend(std::iter::repeat_n(model.shm_bw, topo.hosts));
+        caps.extend(std::iter::repeat_n(1.0 / costs.shm.beta, topo.hosts));
         Sim {
             topo,
-            model,
+            costs,
             placement,
             table,
             progs,
@@ -447,7 +442,7 @@ impl<'a> Sim<'a> {
             return r.clone();
         }
         let r = if a == b {
-            (Rc::from(vec![(self.topo.links.len() + a) as u32]), 0.0, self.model.shm_bw)
+            (Rc::from(vec![(self.topo.links.len() + a) as u32]), 0.0, 1.0 / self.costs.shm.beta)
         } else {
             let route: Vec<u32> = self.topo.route(a, b).into_iter().map(|l| l as u32).collect();
             let lat = route.iter().map(|&l| self.topo.links[l as usize].lat).sum();
@@ -474,12 +469,12 @@ impl<'a> Sim<'a> {
         let op = self.op(r, j);
         match op.kind {
             Kind::Copy => {
-                let t = self.now + op.bytes * self.model.delta;
+                let t = self.now + op.bytes * self.costs.shm.delta;
                 self.at(t, Ev::End { rank: r, op: j });
             }
             Kind::Send => {
                 let (hs, hd) = (self.placement[ri], self.placement[op.peer as usize]);
-                let alpha = if hs == hd { self.model.shm_alpha } else { self.model.alpha };
+                let alpha = if hs == hd { self.costs.shm.alpha } else { self.costs.tcp.alpha };
                 let (route, lat, bottleneck) = self.route(hs, hd);
                 let m = self.free.pop().unwrap_or(self.msgs.len());
                 self.sent_count += 1;
@@ -541,11 +536,10 @@ impl<'a> Sim<'a> {
                     self.at(t, Ev::Arrive { msg });
                     self.sent(msg, self.now);
                 } else {
-                    let (route, bytes, early) =
-                        (m.route.clone(), m.bytes, self.model.segment / m.bottleneck.max(1e-30));
+                    let (route, bytes, early) = (m.route.clone(), m.bytes, SEGMENT / m.bottleneck.max(1e-30));
                     let id = self.fluid.start(self.now, route, bytes, msg as u64);
                     self.msgs[msg].flow = Some(id);
-                    if bytes > self.model.segment {
+                    if bytes > SEGMENT {
                         self.msgs[msg].probing = true;
                         self.at(self.now + early, Ev::Probe { msg });
                     }
@@ -564,8 +558,8 @@ impl<'a> Sim<'a> {
                 };
                 let m = &self.msgs[msg];
                 let delivered = m.bytes - self.fluid.remaining(self.now, flow);
-                let missing = self.model.segment - delivered;
-                if missing > 1e-9 * self.model.segment {
+                let missing = SEGMENT - delivered;
+                if missing > 1e-9 * SEGMENT {
                     let rate = self.fluid.rate(flow);
                     let wait = if rate > 0.0 { missing / rate } else { missing / m.bottleneck.max(1e-30) };
                     self.at(self.now + wait, Ev::Probe { msg });
@@ -604,7 +598,7 @@ impl<'a> Sim<'a> {
         let (r, j) = (self.msgs[m].src, self.msgs[m].send_op);
         let ri = r as usize;
         let op = self.op(r, j);
-        let last = op.bytes.min(self.model.segment) / self.msgs[m].bottleneck.max(1e-30);
+        let last = op.bytes.min(SEGMENT) / self.msgs[m].bottleneck.max(1e-30);
         // Forwarding: no earlier than one segment after what it forwards.
         let mut end = t;
         for &(i, how) in self.table.pairs(self.cur(r), op.deps) {
@@ -625,7 +619,7 @@ impl<'a> Sim<'a> {
         let (r, Some(j)) = (self.msgs[m].dst, self.msgs[m].recv_op) else { return };
         let op = self.op(r, j);
         let combine = match op.kind {
-            Kind::Recv { reduce: true } => op.bytes * self.model.gamma,
+            Kind::Recv { reduce: true } => op.bytes * self.costs.shm.gamma,
             _ => 0.0,
         };
         let t = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + combine;

@@ -7,7 +7,7 @@ use xccl::CollKind;
 use xccl::algo::tune::{self, CostModel, LinkClass, LinkCost};
 use xccl::algo::{self, Algorithm, Shape};
 
-use crate::engine::{Call, Model, Outcome, simulate};
+use crate::engine::{Call, Outcome, simulate};
 use crate::topology::Topology;
 
 /// Operations the step ordering rule may look at in one simulation (it is quadratic in the
@@ -32,7 +32,7 @@ pub struct Row {
 /// `placement`.
 pub fn sweep(
     topo: &Topology,
-    model: &Model,
+    costs: &CostModel,
     placement: &[usize],
     kind: CollKind,
     only: Option<&[Algorithm]>,
@@ -50,7 +50,7 @@ pub fn sweep(
             let outcome = affordable(kind, algo, placement, &shape).and_then(|()| {
                 simulate(
                     topo,
-                    model,
+                    costs,
                     placement,
                     &Call { kind, algo, root: 0, shape: shape.clone(), esize: 4 },
                 )
@@ -94,7 +94,6 @@ pub fn affordable(kind: CollKind, algo: Algorithm, placement: &[usize], shape: &
 /// rate). Algorithms beyond the ordering budget are left out, as in the sweep.
 pub fn tuner_pick(
     topo: &Topology,
-    model: &Model,
     costs: &CostModel,
     placement: &[usize],
     kind: CollKind,
@@ -105,9 +104,9 @@ pub fn tuner_pick(
     let far = placement.iter().copied().max().unwrap_or(0);
     let route = topo.route(placement[0], far);
     let lat: f64 = route.iter().map(|&l| topo.links[l].lat).sum();
-    let host_bw = route.first().map_or(model.shm_bw, |&l| topo.links[l].bw);
+    let host_bw = route.first().map_or(1.0 / costs.shm.beta, |&l| topo.links[l].bw);
     let mut c = costs.clone();
-    c.tcp = LinkCost { alpha: model.alpha + lat, beta: 1.0 / host_bw, ..c.tcp };
+    c.tcp = LinkCost { alpha: costs.tcp.alpha + lat, beta: 1.0 / host_bw, ..c.tcp };
     let t = tune::Topology::new(placement.to_vec(), vec![per_host.max(1); n], LinkClass::Shm, LinkClass::Tcp);
     let shape = shape_of(kind, bytes);
     Algorithm::for_collective(kind)

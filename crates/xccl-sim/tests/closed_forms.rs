@@ -2,13 +2,19 @@
 //! and against contention (flows sharing links).
 
 use xccl::CollKind;
+use xccl::algo::tune::{CostModel, LinkCost};
 use xccl::algo::{Algorithm, Shape};
+use xccl_sim::engine::SEGMENT;
 use xccl_sim::sweep::sweep;
-use xccl_sim::{Call, Model, Topology, simulate};
+use xccl_sim::{Call, Topology, simulate};
 
 /// No reduce or copy cost, `alpha` per message.
-fn model(alpha: f64) -> Model {
-    Model { alpha, gamma: 0.0, delta: 0.0, ..Model::default() }
+fn model(alpha: f64) -> CostModel {
+    let mut costs = CostModel::default();
+    costs.tcp.alpha = alpha;
+    // 1.5 µs and 6 GB/s through a host's memory; reducing and copying cost nothing.
+    costs.shm = LinkCost { alpha: 1.5e-6, beta: 1.0 / 6e9, gamma: 0.0, delta: 0.0 };
+    costs
 }
 
 fn call(kind: CollKind, algo: Algorithm, shape: Shape) -> Call {
@@ -104,7 +110,7 @@ fn a_pipelined_chain_pays_one_segment_per_hop_plus_the_message() {
     // (n-1)·(hop + seg/B) + (S - seg)/B after the start.
     let (hop, bw) = (1e-6, 10e9);
     let n = 8;
-    let seg = Model::default().segment;
+    let seg = SEGMENT;
     let count = (16.0 * seg / 4.0) as usize;
     let t = simulate(
         &Topology::ring(n, bw, hop),
@@ -159,7 +165,7 @@ fn every_algorithm_of_every_collective_finishes_on_64_ranks() {
     let topo = Topology::fat_tree(8, 3, 2.0, 32, 12.5e9, 0.5e-6).unwrap();
     let placement: Vec<usize> = (0..64).map(|r| r / 2).collect();
     for kind in xccl::CollKind::COLLECTIVES.iter() {
-        let rows = sweep(&topo, &Model::default(), &placement, *kind, None, &[4096, 1 << 22]);
+        let rows = sweep(&topo, &CostModel::default(), &placement, *kind, None, &[4096, 1 << 22]);
         for row in rows {
             let out = row.outcome.unwrap_or_else(|e| panic!("{kind} by {}: {e}", row.algo));
             assert!(out.time > 0.0 || *kind == CollKind::Barrier, "{kind} by {} took no time", row.algo);

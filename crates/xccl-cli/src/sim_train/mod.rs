@@ -19,7 +19,7 @@ mod predict;
 use std::process::ExitCode;
 
 use xccl::algo::tune::CostModel;
-use xccl_sim::{Model, spec};
+use xccl_sim::spec;
 use xccl_train::config::Strategy;
 use xccl_train::pipeline::stages;
 
@@ -141,7 +141,7 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
     }
     // Freed memory kept for the next allocations, as in train's ranks.
     crate::train::keep_freed_memory();
-    let costs = match &args.tune_file {
+    let mut costs = match &args.tune_file {
         Some(f) => {
             let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
             CostModel::default().with_text(f, &text).map_err(|e| e.to_string())?
@@ -149,15 +149,14 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         None => CostModel::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?,
     };
     let topo = spec::parse(&args.topology, args.hosts, &costs)?;
-    let mut model = Model::from_costs(&costs);
     if !args.topology.starts_with("measured") {
-        model.alpha = 1e-6;
+        costs.tcp.alpha = 1e-6;
     }
     if let Some(a) = args.alpha_us {
         if !a.is_finite() || a < 0.0 {
             return Err(format!("--alpha-us {a}: a latency in µs"));
         }
-        model.alpha = a * 1e-6;
+        costs.tcp.alpha = a * 1e-6;
     }
     let dp = config.dp(ranks).map_err(|e| e.to_string())?;
     let micro = Micro { rows: config.batch.div_ceil(dp * config.accum).max(1), len: task.seq_len() };
@@ -183,7 +182,7 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
     let here = (busy / cores as f64).max(1.0);
     let slowdown = if args.from_trace.is_some() { 1.0 } else { there / here };
     let layout = Layout { dp, pp: config.pp(), tp: config.tp, ranks_per_host: rph };
-    let net = predict::Net { topo: &topo, model: &model, costs: &costs };
+    let net = predict::Net { topo: &topo, costs: &costs };
     let p = predict(&config, &profile, layout, &net, slowdown)?;
     println!(
         "# xccl sim train: {} on {} ({} hosts x {rph} ranks), mesh dp {dp} x pp {} x tp {}{}, {}, {} micro-batch(es) of {} rows",

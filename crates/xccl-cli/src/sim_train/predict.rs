@@ -8,7 +8,7 @@ use xccl::CollKind;
 use xccl::algo::tune::CostModel;
 use xccl_sim::sweep::{affordable, shape_of, tuner_pick};
 use xccl_sim::timeline::{self, Op};
-use xccl_sim::{Call, Model, Topology, simulate};
+use xccl_sim::{Call, Topology, simulate};
 use xccl_train::config::{Strategy, TrainConfig};
 use xccl_train::pipeline::schedule::{Action, Schedule};
 use xccl_train::pipeline::stages::chunks_of;
@@ -20,9 +20,8 @@ use super::measure::Profile;
 pub struct Net<'a> {
     /// Hosts and links.
     pub topo: &'a Topology,
-    /// Per-message and shared-memory constants.
-    pub model: &'a Model,
-    /// The tuner's cost model (which algorithm a rank would pick).
+    /// The cost model: what ranks spend on a message (the simulator's and the tuner's,
+    /// which picks the algorithm a rank would run).
     pub costs: &'a CostModel,
 }
 
@@ -138,14 +137,14 @@ impl Sim<'_> {
     }
 
     fn simulate(&self, kind: CollKind, placement: &[usize], bytes: usize) -> Result<(f64, String), String> {
-        let Net { topo, model, costs } = *self.net;
+        let Net { topo, costs } = *self.net;
         let shape = shape_of(kind, bytes);
         let run = |algo| {
             affordable(kind, algo, placement, &shape)?;
             let call = Call { kind, algo, root: 0, shape: shape.clone(), esize: 4 };
-            simulate(topo, model, placement, &call).map(|o| o.time)
+            simulate(topo, costs, placement, &call).map(|o| o.time)
         };
-        if let Some((algo, _)) = tuner_pick(topo, model, costs, placement, kind, bytes)
+        if let Some((algo, _)) = tuner_pick(topo, costs, placement, kind, bytes)
             && let Ok(t) = run(algo)
         {
             return Ok((t, algo.name().to_string()));

@@ -5,6 +5,7 @@ use clap::Parser;
 use super::*;
 use crate::sim_train::measure::BlockTimes;
 use crate::train::TrainArgs;
+use xccl::algo::tune::LinkCost;
 
 #[derive(Parser)]
 struct Wrap {
@@ -39,9 +40,20 @@ fn profile(n: usize, f: f64, b: f64, params: usize) -> Profile {
 }
 
 /// A network where messages are free.
-fn free() -> (Topology, Model) {
-    let model = Model { alpha: 0.0, shm_alpha: 0.0, shm_bw: 1e30, gamma: 0.0, delta: 0.0, segment: 1e30 };
-    (Topology::star(4, 1e30, 0.0), model)
+fn free() -> (Topology, CostModel) {
+    let mut costs = CostModel::default();
+    costs.tcp.alpha = 0.0;
+    costs.shm = LinkCost { alpha: 0.0, beta: 1e-30, gamma: 0.0, delta: 0.0 };
+    (Topology::star(4, 1e30, 0.0), costs)
+}
+
+/// Messages between hosts cost only the links' time; 1.5 µs and 6 GB/s through a host's
+/// memory; reducing and copying cost nothing.
+fn links_only() -> CostModel {
+    let mut costs = CostModel::default();
+    costs.tcp.alpha = 0.0;
+    costs.shm = LinkCost { alpha: 1.5e-6, beta: 1.0 / 6e9, gamma: 0.0, delta: 0.0 };
+    costs
 }
 
 fn close(a: f64, b: f64, rel: f64) -> bool {
@@ -50,9 +62,8 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 
 #[test]
 fn gpipe_and_1f1b_bubble_is_the_closed_form_with_equal_stages_and_free_messages() {
-    let (topo, model) = free();
-    let costs = CostModel::default();
-    let net = Net { topo: &topo, model: &model, costs: &costs };
+    let (topo, costs) = free();
+    let net = Net { topo: &topo, costs: &costs };
     for schedule in ["gpipe", "1f1b"] {
         for (p, m, layers) in [(2, 4, 4), (4, 8, 6), (2, 1, 2)] {
             let per = (layers + 2) / p;
@@ -92,9 +103,8 @@ fn gpipe_and_1f1b_bubble_is_the_closed_form_with_equal_stages_and_free_messages(
 fn ddp_overlaps_buckets_with_backward_and_one_bucket_does_not() {
     // Two ranks on two hosts of a star: 1 GB/s links, nothing else costs.
     let topo = Topology::star(2, 1e9, 0.0);
-    let model = Model { alpha: 0.0, ..Model::default() };
-    let costs = CostModel::default();
-    let net = Net { topo: &topo, model: &model, costs: &costs };
+    let costs = links_only();
+    let net = Net { topo: &topo, costs: &costs };
     let layout = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 1 };
     // 4 blocks (2 layers) of 1 ms backward, 1 MiB of parameters each.
     let prof = profile(4, 0.5e-3, 1e-3, 1 << 18);
@@ -139,9 +149,8 @@ fn ddp_overlaps_buckets_with_backward_and_one_bucket_does_not() {
 #[test]
 fn zero_stages_communicate_more_than_ddp_never_less() {
     let topo = Topology::star(2, 1e9, 0.0);
-    let model = Model { alpha: 0.0, ..Model::default() };
-    let costs = CostModel::default();
-    let net = Net { topo: &topo, model: &model, costs: &costs };
+    let costs = links_only();
+    let net = Net { topo: &topo, costs: &costs };
     let layout = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 1 };
     let prof = profile(4, 0.5e-3, 1e-3, 1 << 18);
     let step = |f: &[&str]| predict(&config(f), &prof, layout, &net, 1.0).unwrap();
