@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Topology};
+use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Placement};
 use xccl::algo::{Algorithm, Shape};
 use xccl::bootstrap::Rendezvous;
 use xccl::{CollKind, Communicator, Config, DType, ReduceOp};
@@ -138,7 +138,7 @@ fn measure(args: &MeasureArgs) -> xccl::Result<()> {
 }
 
 fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::Result<()> {
-    let topo = c.topology();
+    let topo = c.placement();
     let mut records = String::new();
     for &coll in &args.colls {
         let kind =
@@ -292,7 +292,7 @@ fn parse_records(files: &[PathBuf]) -> xccl::Result<Vec<Record>> {
                 let here: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == *h).collect();
                 here.len() > cores[here[0]]
             });
-            let topo = Topology::new(hosts, cores, intra, inter);
+            let topo = Placement::new(hosts, cores, intra, inter);
             let costing = Costing::new(&topo, kind, algo, root, &Shape::Count(count), esize)?;
             let group = format!(
                 "{} ranks, {} (cores {})",
@@ -497,7 +497,7 @@ mod tests {
     use super::*;
 
     /// Records of every all-reduce algorithm on `topo`, timed by `truth`.
-    fn synthetic(truth: &CostModel, topo: &Topology, group: &str) -> Vec<Record> {
+    fn synthetic(truth: &CostModel, topo: &Placement, group: &str) -> Vec<Record> {
         let mut out = Vec::new();
         for &algo in Algorithm::for_collective(CollKind::AllReduce) {
             for count in [2usize, 1 << 10, 1 << 14, 1 << 18, 1 << 22] {
@@ -528,8 +528,8 @@ mod tests {
         // its formula says), fitted from a start with the same shape.
         let plain = CostModel { efficiency: Vec::new(), ..CostModel::default() };
         let truth = CostModel { shm: LinkCost::new(0.7, 9.0, 5.0, 20.0), switch: 35e-6, ..plain.clone() };
-        let mut records = synthetic(&truth, &Topology::one_host(2, 2, LinkClass::Shm), "2");
-        records.extend(synthetic(&truth, &Topology::one_host(4, 2, LinkClass::Shm), "4"));
+        let mut records = synthetic(&truth, &Placement::one_host(2, 2, LinkClass::Shm), "2");
+        records.extend(synthetic(&truth, &Placement::one_host(4, 2, LinkClass::Shm), "4"));
         let (fitted, used, err) = fit_model(&records, &plain);
         assert!(err < 1e-3, "residual {err}");
         // Only shared memory and the hand-off were measured, so only they moved.

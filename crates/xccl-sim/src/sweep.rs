@@ -107,7 +107,8 @@ pub fn tuner_pick(
     let host_bw = route.first().map_or(1.0 / costs.shm.beta, |&l| topo.links[l].bw);
     let mut c = costs.clone();
     c.tcp = LinkCost { alpha: costs.tcp.alpha + lat, beta: 1.0 / host_bw, ..c.tcp };
-    let t = tune::Topology::new(placement.to_vec(), vec![per_host.max(1); n], LinkClass::Shm, LinkClass::Tcp);
+    let t =
+        tune::Placement::new(placement.to_vec(), vec![per_host.max(1); n], LinkClass::Shm, LinkClass::Tcp);
     let shape = shape_of(kind, bytes);
     Algorithm::for_collective(kind)
         .iter()

@@ -74,7 +74,7 @@ fn collectives_across_three_emulated_hosts() {
     }
     let Some(c) = child("collectives_across_three_emulated_hosts") else { return };
     assert_eq!(c.size(), 6);
-    let topo = c.topology();
+    let topo = c.placement();
     let h = &topo.hosts;
     let distinct: BTreeSet<usize> = h.iter().copied().collect();
     assert!(

@@ -37,10 +37,11 @@ use crate::schedule::{Op, Program};
 /// Bytes a forwarding rank waits for before passing a message on (the executor's segment).
 const HOP_BYTES: f64 = (1 << 20) as f64;
 
-/// What the tuner knows about a communicator: which rank is on which host and how ranks
-/// are linked.
+/// Where a communicator's ranks are, as the tuner sees it: each rank's host and that host's
+/// cores, the classes of link inside and between hosts, and what its settings allow
+/// (protocols, the pull threshold). Not a network topology: that is the simulator's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Topology {
+pub struct Placement {
     /// Host index of each rank.
     pub hosts: Vec<usize>,
     /// Cores of each rank's host.
@@ -55,16 +56,16 @@ pub struct Topology {
     pub pull_min: usize,
 }
 
-impl Topology {
+impl Placement {
     /// `n` ranks on one host of `cores` cores, linked by `intra`, with the default protocols.
-    pub fn one_host(n: usize, cores: usize, intra: LinkClass) -> Topology {
-        Topology::new(vec![0; n], vec![cores; n], intra, LinkClass::Tcp)
+    pub fn one_host(n: usize, cores: usize, intra: LinkClass) -> Placement {
+        Placement::new(vec![0; n], vec![cores; n], intra, LinkClass::Tcp)
     }
 
     /// Ranks on `hosts` with `cores`, linked by `intra` inside hosts and `inter` between
     /// them, with the default protocols.
-    pub fn new(hosts: Vec<usize>, cores: Vec<usize>, intra: LinkClass, inter: LinkClass) -> Topology {
-        Topology {
+    pub fn new(hosts: Vec<usize>, cores: Vec<usize>, intra: LinkClass, inter: LinkClass) -> Placement {
+        Placement {
             hosts,
             cores,
             intra,
@@ -104,21 +105,21 @@ impl Topology {
 /// The predicted time of `algo` running `kind` with this layout, in seconds.
 pub fn predict(
     model: &CostModel,
-    topo: &Topology,
+    place: &Placement,
     kind: CollKind,
     algo: Algorithm,
     root: usize,
     shape: &Shape,
     esize: usize,
 ) -> Result<f64> {
-    Ok(Costing::new(topo, kind, algo, root, shape, esize)?.time(model))
+    Ok(Costing::new(place, kind, algo, root, shape, esize)?.time(model))
 }
 
 /// Every rank's schedule of one collective, built once and costed under any constants (what
 /// calibration needs).
 #[derive(Clone, Debug)]
 pub struct Costing {
-    topo: Topology,
+    place: Placement,
     programs: Vec<Program>,
     /// Per rank and step, what follows what (`schedule::order`).
     orders: Vec<Vec<StepOrder>>,
@@ -129,18 +130,18 @@ pub struct Costing {
 }
 
 impl Costing {
-    /// The schedules of `algo` running `kind` on `topo` with this layout.
+    /// The schedules of `algo` running `kind` on `place` with this layout.
     pub fn new(
-        topo: &Topology,
+        place: &Placement,
         kind: CollKind,
         algo: Algorithm,
         root: usize,
         shape: &Shape,
         esize: usize,
     ) -> Result<Costing> {
-        let n = topo.hosts.len();
+        let n = place.hosts.len();
         let programs =
-            (0..n).map(|r| build(kind, algo, r, &topo.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
+            (0..n).map(|r| build(kind, algo, r, &place.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
         let orders = programs
             .iter()
             .map(|p| {
@@ -148,8 +149,8 @@ impl Costing {
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Internal(format!("{kind} by {algo}: bad schedule: {e}")))?;
-        let crowded = topo.crowding().iter().any(|c| *c > 1.0);
-        Ok(Costing { topo: topo.clone(), programs, orders, esize, kind, algo, crowded })
+        let crowded = place.crowding().iter().any(|c| *c > 1.0);
+        Ok(Costing { place: place.clone(), programs, orders, esize, kind, algo, crowded })
     }
 
     /// Whether a host of the layout has more ranks than cores.
@@ -168,7 +169,7 @@ impl Costing {
     /// the link classes' facts.
     fn protocol(&self, r: usize, s: usize, j: usize) -> Option<Protocol> {
         let step = &self.programs[r].steps[s];
-        let allowed = self.topo.protocols.for_kind(self.kind);
+        let allowed = self.place.protocols.for_kind(self.kind);
         match step.ops[j] {
             Op::Send { peer, src } => {
                 let sole = step.ops.iter().filter(|op| !matches!(op, Op::Recv { .. })).count() == 1;
@@ -177,14 +178,14 @@ impl Costing {
                     has_dependents: self.orders[r][s].has_dependents(j),
                     sole_one_way: self.kind.one_way() && !self.crowded && sole,
                     plain: !self.kind.combines() && (!self.crowded || !self.kind.one_way()),
-                    pull_min: self.topo.pull_min,
+                    pull_min: self.place.pull_min,
                 };
-                Some(protocol::for_send(&m, &self.topo.link(r, peer), allowed))
+                Some(protocol::for_send(&m, &self.place.link(r, peer), allowed))
             }
             Op::Recv { peer, dst, .. } => Some(protocol::expected(
                 dst.len * self.esize,
-                &self.topo.link(r, peer),
-                self.topo.pull_min,
+                &self.place.link(r, peer),
+                self.place.pull_min,
                 allowed,
             )),
             Op::Copy { .. } => None,
@@ -195,12 +196,12 @@ impl Costing {
 /// The predicted time of `programs` with the latency terms weighted by `weights.0` and the
 /// bandwidth terms by `weights.1`.
 fn cost(model: &CostModel, weights: (f64, f64), c: &Costing) -> f64 {
-    let (topo, programs, esize) = (&c.topo, &c.programs, c.esize);
+    let (place, programs, esize) = (&c.place, &c.programs, c.esize);
     let (wl, wb) = weights;
     let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
-    let inter = model.of(topo.inter);
-    let nhosts = topo.hosts.iter().max().map_or(0, |h| h + 1);
-    let crowding = topo.crowding();
+    let inter = model.of(place.inter);
+    let nhosts = place.hosts.iter().max().map_or(0, |h| h + 1);
+    let crowding = place.crowding();
     let mut total = 0.0;
     for s in 0..steps {
         let mut slowest = 0.0f64;
@@ -215,27 +216,27 @@ fn cost(model: &CostModel, weights: (f64, f64), c: &Costing) -> f64 {
                 match *op {
                     Op::Send { peer, src } => {
                         let bytes = (src.len * esize) as f64;
-                        let c = model.of(topo.class(r, peer));
+                        let c = model.of(place.class(r, peer));
                         msgs += c.alpha * pl;
-                        if topo.hosts[r] == topo.hosts[peer] {
+                        if place.hosts[r] == place.hosts[peer] {
                             out += bytes * c.beta * pb;
                         } else {
-                            host_out[topo.hosts[r]] += bytes;
+                            host_out[place.hosts[r]] += bytes;
                         }
                     }
                     Op::Recv { peer, dst, with } => {
                         let bytes = (dst.len * esize) as f64;
                         waits += 1.0;
-                        if topo.hosts[r] == topo.hosts[peer] {
-                            inn += bytes * model.of(topo.class(r, peer)).beta * pb;
+                        if place.hosts[r] == place.hosts[peer] {
+                            inn += bytes * model.of(place.class(r, peer)).beta * pb;
                         } else {
-                            host_in[topo.hosts[r]] += bytes;
+                            host_in[place.hosts[r]] += bytes;
                         }
                         if with.is_some() {
-                            work += bytes * model.of(topo.intra).gamma;
+                            work += bytes * model.of(place.intra).gamma;
                         }
                     }
-                    Op::Copy { dst, .. } => work += (dst.len * esize) as f64 * model.of(topo.intra).delta,
+                    Op::Copy { dst, .. } => work += (dst.len * esize) as f64 * model.of(place.intra).delta,
                 }
             }
             let crowd = crowding[r];
@@ -253,7 +254,7 @@ fn cost(model: &CostModel, weights: (f64, f64), c: &Costing) -> f64 {
 /// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
 /// they receive, times one segment's hop.
 fn forwarding(model: &CostModel, (wl, wb): (f64, f64), c: &Costing, s: usize) -> f64 {
-    let (topo, programs, esize) = (&c.topo, &c.programs, c.esize);
+    let (place, programs, esize) = (&c.place, &c.programs, c.esize);
     let n = programs.len();
     // For each rank, the peers whose messages it forwards and the cost of one hop to it.
     let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
@@ -273,7 +274,7 @@ fn forwarding(model: &CostModel, (wl, wb): (f64, f64), c: &Costing, s: usize) ->
             let Op::Recv { peer, dst, .. } = *op else { continue };
             if forwarded[i] {
                 let (pl, pb) = c.protocol(r, s, i).map_or((1.0, 1.0), |p| model.protocol_factors(p));
-                let k = model.of(topo.class(r, peer));
+                let k = model.of(place.class(r, peer));
                 let hop =
                     wl * k.alpha * pl + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * k.beta * pb;
                 feeds[r].push((peer, hop));
@@ -317,17 +318,17 @@ impl fmt::Display for Choice {
 /// Ranks every algorithm that can run `kind` here by predicted time.
 pub fn rank(
     model: &CostModel,
-    topo: &Topology,
+    place: &Placement,
     kind: CollKind,
     root: usize,
     shape: &Shape,
     esize: usize,
 ) -> Result<Choice> {
-    let n = topo.hosts.len();
+    let n = place.hosts.len();
     let mut ranking = Vec::new();
     for &algo in Algorithm::for_collective(kind) {
         if algo.supports(kind, n, shape) {
-            ranking.push((algo, predict(model, topo, kind, algo, root, shape, esize)?));
+            ranking.push((algo, predict(model, place, kind, algo, root, shape, esize)?));
         }
     }
     // Stable: on equal predictions the listed order (the simpler algorithm first) wins.
@@ -343,8 +344,8 @@ pub fn rank(
 mod tests {
     use super::*;
 
-    fn topo(n: usize) -> Topology {
-        Topology::one_host(n, 64, LinkClass::Shm)
+    fn place(n: usize) -> Placement {
+        Placement::one_host(n, 64, LinkClass::Shm)
     }
 
     /// The reference link constants without the algorithms' efficiencies or the protocols'
@@ -357,7 +358,7 @@ mod tests {
     fn efficiencies_change_the_pick() {
         let m = plain();
         let count = Shape::Count(4 << 20);
-        let base = rank(&m, &topo(8), CollKind::AllReduce, 0, &count, 4).unwrap();
+        let base = rank(&m, &place(8), CollKind::AllReduce, 0, &count, 4).unwrap();
         let slow = Efficiency {
             kind: CollKind::AllReduce,
             algo: base.algo,
@@ -366,16 +367,16 @@ mod tests {
             bandwidth: 10.0,
         };
         let m2 = CostModel { efficiency: vec![slow], ..m };
-        let other = rank(&m2, &topo(8), CollKind::AllReduce, 0, &count, 4).unwrap();
+        let other = rank(&m2, &place(8), CollKind::AllReduce, 0, &count, 4).unwrap();
         assert_ne!(other.algo, base.algo, "{other}");
     }
 
     #[test]
     fn small_messages_prefer_few_rounds_and_large_ones_bandwidth() {
         let m = CostModel::default();
-        let small = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(2), 4).unwrap();
+        let small = rank(&m, &place(8), CollKind::AllReduce, 0, &Shape::Count(2), 4).unwrap();
         assert!(matches!(small.algo, Algorithm::RecursiveDoubling | Algorithm::Rabenseifner), "{small}");
-        let large = rank(&m, &topo(8), CollKind::AllReduce, 0, &Shape::Count(16 << 20), 4).unwrap();
+        let large = rank(&m, &place(8), CollKind::AllReduce, 0, &Shape::Count(16 << 20), 4).unwrap();
         assert!(
             matches!(large.algo, Algorithm::Ring | Algorithm::Rabenseifner | Algorithm::DoubleBinaryTree),
             "{large}"
@@ -388,7 +389,7 @@ mod tests {
         // 2(n-1) messages, 2(n-1)/n of the buffer each way, (n-1)/n reduced.
         let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..plain() };
         let (n, bytes) = (4, 4_000_000usize);
-        let t = predict(&m, &topo(n), CollKind::AllReduce, Algorithm::Ring, 0, &Shape::Count(bytes / 4), 4)
+        let t = predict(&m, &place(n), CollKind::AllReduce, Algorithm::Ring, 0, &Shape::Count(bytes / 4), 4)
             .unwrap();
         let nf = n as f64;
         let want = 2.0 * (nf - 1.0) * 10e-6
@@ -399,7 +400,7 @@ mod tests {
 
     #[test]
     fn hierarchy_wins_only_when_hosts_are_far_apart() {
-        let t = Topology::new(vec![0, 0, 0, 0, 1, 1, 1, 1], vec![8; 8], LinkClass::Shm, LinkClass::Tcp);
+        let t = Placement::new(vec![0, 0, 0, 0, 1, 1, 1, 1], vec![8; 8], LinkClass::Shm, LinkClass::Tcp);
         // The ring crosses between hosts in two places only, so with a network a few times
         // slower than shared memory it still wins; with one twenty times slower, crossing once
         // per host (the hierarchy) pays for its slower inside phases.
@@ -413,17 +414,17 @@ mod tests {
     #[test]
     fn messages_are_priced_by_the_protocol_the_executor_will_use() {
         let m = CostModel { protocols: vec![(Protocol::Ll, 0.5, 1.0)], ..plain() };
-        let mut stream_only = topo(2);
+        let mut stream_only = place(2);
         stream_only.protocols = ProtocolPolicy::parse("stream").unwrap();
-        let t = |topo: &Topology, count: usize| {
-            predict(&m, topo, CollKind::AllReduce, Algorithm::RecursiveDoubling, 0, &Shape::Count(count), 4)
+        let t = |place: &Placement, count: usize| {
+            predict(&m, place, CollKind::AllReduce, Algorithm::RecursiveDoubling, 0, &Shape::Count(count), 4)
                 .unwrap()
         };
         // 8 bytes go by LL unless the policy says otherwise; 256 KiB never do.
-        assert!(t(&topo(2), 2) < 0.6 * t(&stream_only, 2), "{} {}", t(&topo(2), 2), t(&stream_only, 2));
-        assert_eq!(t(&topo(2), 1 << 16), t(&stream_only, 1 << 16));
+        assert!(t(&place(2), 2) < 0.6 * t(&stream_only, 2), "{} {}", t(&place(2), 2), t(&stream_only, 2));
+        assert_eq!(t(&place(2), 1 << 16), t(&stream_only, 1 << 16));
         // Over TCP nothing goes by LL.
-        let tcp = Topology::one_host(2, 64, LinkClass::Tcp);
+        let tcp = Placement::one_host(2, 64, LinkClass::Tcp);
         let mut tcp_stream = tcp.clone();
         tcp_stream.protocols = ProtocolPolicy::parse("stream").unwrap();
         assert_eq!(t(&tcp, 2), t(&tcp_stream, 2));
@@ -432,7 +433,7 @@ mod tests {
     #[test]
     fn forwarding_chains_pay_one_hop_per_level() {
         let m = CostModel { shm: LinkCost::new(10.0, 1.0, 2.0, 4.0), ..plain() };
-        let t = |algo| predict(&m, &topo(8), CollKind::Broadcast, algo, 0, &Shape::Count(1), 4).unwrap();
+        let t = |algo| predict(&m, &place(8), CollKind::Broadcast, algo, 0, &Shape::Count(1), 4).unwrap();
         // A one-element chain over 8 ranks: seven hops in a row; a binomial tree: three levels,
         // but the root sends to three children.
         assert!(t(Algorithm::Chain) > 7.0 * 10e-6, "{}", t(Algorithm::Chain));
@@ -446,7 +447,7 @@ mod tests {
         // predicted slower than with a core per rank.
         let m = CostModel::default();
         let count = Shape::Count(16 << 10);
-        let crowded = Topology::one_host(8, 2, LinkClass::Shm);
+        let crowded = Placement::one_host(8, 2, LinkClass::Shm);
         let c = rank(&m, &crowded, CollKind::AllReduce, 0, &count, 4).unwrap();
         let waits = |a| {
             let p = build(CollKind::AllReduce, a, 0, &[0; 8], 0, &count).unwrap();
@@ -454,8 +455,9 @@ mod tests {
         };
         assert_eq!(waits(Algorithm::Ring), 14);
         assert!(waits(c.algo) < 14, "crowded {c}");
-        let ring = |t: &Topology| predict(&m, t, CollKind::AllReduce, Algorithm::Ring, 0, &count, 4).unwrap();
-        assert!(ring(&crowded) > 2.0 * ring(&topo(8)));
+        let ring =
+            |t: &Placement| predict(&m, t, CollKind::AllReduce, Algorithm::Ring, 0, &count, 4).unwrap();
+        assert!(ring(&crowded) > 2.0 * ring(&place(8)));
     }
 
     #[test]
@@ -467,13 +469,13 @@ mod tests {
         skewed[3] = block * n;
         let skewed = Shape::Scatter(Blocks::from_counts(&skewed));
         for &algo in Algorithm::for_collective(kind) {
-            let t = |shape: &Shape| predict(&m, &topo(n), kind, algo, 0, shape, 4).unwrap();
+            let t = |shape: &Shape| predict(&m, &place(n), kind, algo, 0, shape, 4).unwrap();
             // An even call is the uniform layout.
             assert_eq!(t(&Shape::Count(block)), t(&Shape::Scatter(Blocks::uniform(block, n))), "{algo}");
             // The same elements in one rank's block: no link shares that block's traffic.
             assert!(t(&skewed) > 2.0 * t(&Shape::Count(block)), "{algo}");
         }
-        let choice = rank(&m, &topo(n), kind, 0, &skewed, 4).unwrap();
+        let choice = rank(&m, &place(n), kind, 0, &skewed, 4).unwrap();
         assert_eq!(choice.ranking.len(), Algorithm::for_collective(kind).len(), "{choice}");
     }
 }

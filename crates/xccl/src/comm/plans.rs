@@ -10,7 +10,7 @@ use super::build::Fabric;
 #[cfg(feature = "mpi")]
 use super::mpi;
 use super::{Backend, Call, Communicator, Native};
-use crate::algo::tune::{self, Choice, LinkClass, Topology};
+use crate::algo::tune::{self, Choice, LinkClass, Placement};
 use crate::algo::{self, Algorithm, Shape};
 use crate::coll::CollKind;
 use crate::dtype::{DType, Element};
@@ -72,7 +72,7 @@ impl Communicator {
         }
         let choice = tune::rank(
             &self.inner.config.costs,
-            &self.topology(),
+            &self.placement(),
             key.kind,
             key.root.unwrap_or(0),
             &key.shape,
@@ -86,7 +86,7 @@ impl Communicator {
     /// backend: the hosts MPI reports (ranks that share memory), with the link classes of
     /// xccl's shared memory and TCP as the nearest estimate (MPI's own transports may be
     /// faster).
-    pub fn topology(&self) -> Topology {
+    pub fn placement(&self) -> Placement {
         let hosts = self.inner.group.hosts.clone();
         let cores = self.inner.group.cores.clone();
         let (intra, inter) = match &self.inner.backend {
@@ -94,7 +94,7 @@ impl Communicator {
             Backend::Native(_) if !self.inner.config.shm => (LinkClass::Tcp, LinkClass::Tcp),
             _ => (LinkClass::Shm, LinkClass::Tcp),
         };
-        Topology {
+        Placement {
             hosts,
             cores,
             intra,
@@ -131,7 +131,7 @@ impl Communicator {
         if let Some(algo) = self.inner.config.algos.get(kind) {
             return Ok(Choice { algo, ranking: vec![(algo, f64::NAN)] });
         }
-        tune::rank(&self.inner.config.costs, &self.topology(), kind, root, shape, dtype.size())
+        tune::rank(&self.inner.config.costs, &self.placement(), kind, root, shape, dtype.size())
     }
 
     /// The plan of a collective: from the cache, or built (algorithm, schedule, checks); on
