@@ -2,6 +2,8 @@
 //! payloads placed or reduced where they belong, pulls (single copies out of the peer's
 //! memory) and their acknowledgements, split copies, and abort notices.
 
+use std::io;
+
 use super::failure::lost;
 use super::outbound::{Body, OutFrame};
 use super::task::{Act, Label, StepRun, fold};
@@ -10,8 +12,8 @@ use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::frame::{self, ACK_LEN, FrameKind, HEADER_LEN, Header, PULL_LEN};
 use crate::protocol::{self, Incoming};
-use crate::transport::Polling;
 use crate::transport::pull::{self, Pull};
+use crate::transport::{Link, Polling};
 
 /// Bytes pulled per copy when combining: staged in L2, then reduced.
 const PULL_CHUNK: usize = 256 << 10;
@@ -103,6 +105,48 @@ impl Control {
         }
     }
 }
+/// A fixed-size part of an incoming frame, read whole.
+pub(super) enum Filled {
+    /// A frame's header.
+    Header([u8; HEADER_LEN]),
+    /// A control payload (its first `what.len()` bytes).
+    Control(Control, [u8; PULL_LEN]),
+    /// The padding after a payload.
+    Pad,
+}
+
+impl Inbound {
+    /// Reads the fixed-size part of a frame the stream is in (a header, a control payload,
+    /// padding) as far as `link` gives it without blocking: the bytes read and, once the part
+    /// is whole, the part, the stream then being `Idle` until its reader says what follows.
+    /// In any other state it reads nothing.
+    pub(super) fn fill(&mut self, link: &mut dyn Link) -> io::Result<(usize, Option<Filled>)> {
+        let (n, filled) = match self {
+            Inbound::Header { buf, have } => {
+                let n = link.read(&mut buf[*have..])?;
+                *have += n;
+                (n, (*have == HEADER_LEN).then_some(Filled::Header(*buf)))
+            }
+            Inbound::Control { what, buf, have } => {
+                let n = link.read(&mut buf[*have..what.len()])?;
+                *have += n;
+                (n, (*have == what.len()).then_some(Filled::Control(*what, *buf)))
+            }
+            Inbound::Pad { remaining } => {
+                let mut sink = [0u8; 8];
+                let n = link.read(&mut sink[..*remaining])?;
+                *remaining -= n;
+                (n, (*remaining == 0).then_some(Filled::Pad))
+            }
+            _ => (0, None),
+        };
+        if filled.is_some() {
+            *self = Inbound::Idle;
+        }
+        Ok((n, filled))
+    }
+}
+
 impl Engine {
     /// Whether the pull of segment `header` (`len` bytes) into receive task `i` from `peer`
     /// is split with its sender (`protocol::splits`).
@@ -136,15 +180,15 @@ impl Engine {
                     }
                     look
                 }
-                Inbound::Header { mut buf, mut have } => {
+                mut part @ (Inbound::Header { .. } | Inbound::Pad { .. } | Inbound::Control { .. }) => {
                     let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
-                    let n = link.read(&mut buf[have..]).map_err(|e| lost(run.op(), peer, e))?;
-                    have += n;
-                    if have == HEADER_LEN {
-                        self.peers[peer].inbound = self.on_header(run, peer, &buf)?;
-                    } else {
-                        self.peers[peer].inbound = Inbound::Header { buf, have };
-                    }
+                    let (n, filled) = part.fill(link).map_err(|e| lost(run.op(), peer, e))?;
+                    self.peers[peer].inbound = match filled {
+                        None => part,
+                        Some(Filled::Header(buf)) => self.on_header(run, peer, &buf)?,
+                        Some(Filled::Control(what, buf)) => self.on_control(run, peer, what, &buf)?,
+                        Some(Filled::Pad) => Inbound::Idle,
+                    };
                     n > 0
                 }
                 Inbound::Payload { target, remaining, pad } => {
@@ -154,29 +198,6 @@ impl Engine {
                     } else {
                         self.payload_done(run, peer, target)?;
                         if pad > 0 { Inbound::Pad { remaining: pad } } else { Inbound::Idle }
-                    };
-                    n > 0
-                }
-                Inbound::Pad { remaining } => {
-                    let mut sink = [0u8; 8];
-                    let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
-                    let n = link.read(&mut sink[..remaining]).map_err(|e| lost(run.op(), peer, e))?;
-                    self.peers[peer].inbound = if n == remaining {
-                        Inbound::Idle
-                    } else {
-                        Inbound::Pad { remaining: remaining - n }
-                    };
-                    n > 0
-                }
-                Inbound::Control { what, mut buf, mut have } => {
-                    let need = what.len();
-                    let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
-                    let n = link.read(&mut buf[have..need]).map_err(|e| lost(run.op(), peer, e))?;
-                    have += n;
-                    self.peers[peer].inbound = if have < need {
-                        Inbound::Control { what, buf, have }
-                    } else {
-                        self.on_control(run, peer, what, &buf)?
                     };
                     n > 0
                 }
@@ -645,5 +666,66 @@ impl Engine {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::scripted::Scripted;
+
+    /// Reads the part `state` is at from a stream of `bytes` cut into `gives`: the calls it
+    /// took, and the part.
+    fn fill_all(mut state: Inbound, bytes: &[u8], gives: &[usize]) -> (usize, Filled, Inbound) {
+        let mut link = Scripted::reads(bytes, gives);
+        for call in 1..=gives.len() {
+            let (n, filled) = state.fill(&mut link).expect("a read");
+            assert!(n <= gives[call - 1]);
+            if let Some(f) = filled {
+                return (call, f, state);
+            }
+            assert!(!matches!(state, Inbound::Idle), "idle before the part is whole");
+        }
+        panic!("the part never came whole: {gives:?}")
+    }
+
+    #[test]
+    fn a_header_is_read_whole_from_any_cut_of_the_stream() {
+        let h = Header::control(FrameKind::Goodbye, 77, 0).encode();
+        for gives in [vec![HEADER_LEN], vec![1, 0, 70, 1], vec![8; 9], vec![71, 0, 0, 5]] {
+            let fresh = Inbound::Header { buf: [0; HEADER_LEN], have: 0 };
+            let (calls, part, state) = fill_all(fresh, &h, &gives);
+            assert!(matches!(part, Filled::Header(b) if b == h), "{gives:?}");
+            assert!(matches!(state, Inbound::Idle));
+            // Whole at the first read that brings the 72nd byte, not before, not after.
+            let mut total = 0;
+            let whole_at = gives.iter().position(|g| {
+                total += g;
+                total >= HEADER_LEN
+            });
+            assert_eq!(Some(calls - 1), whole_at, "{gives:?}");
+        }
+    }
+
+    #[test]
+    fn control_payloads_and_padding_take_exactly_their_length() {
+        let header = Header::control(FrameKind::Ack, 1, ACK_LEN);
+        let ack = Inbound::Control { what: Control::Ack { header }, buf: [0; PULL_LEN], have: 0 };
+        let bytes: Vec<u8> = (1..=20).collect();
+        let (_, part, _) = fill_all(ack, &bytes, &[3, 100]);
+        let Filled::Control(Control::Ack { .. }, buf) = part else { panic!("an acknowledgement") };
+        assert_eq!(&buf[..ACK_LEN], &bytes[..ACK_LEN], "only its 8 bytes are read");
+        let mut link = Scripted::reads(&bytes, &[2, 100, 100]);
+        let mut pad = Inbound::Pad { remaining: 5 };
+        assert_eq!(pad.fill(&mut link).unwrap().0, 2);
+        let (n, filled) = pad.fill(&mut link).unwrap();
+        assert!(n == 3 && matches!(filled, Some(Filled::Pad)) && matches!(pad, Inbound::Idle));
+        // The next frame's bytes are left in the stream.
+        let mut next = [0u8; 1];
+        assert_eq!((link.read(&mut next).unwrap(), next[0]), (1, 6));
+        let mut broken = Scripted::broken();
+        let mut header = Inbound::Header { buf: [0; HEADER_LEN], have: 3 };
+        assert!(header.fill(&mut broken).is_err());
+        assert!(matches!(header, Inbound::Header { have: 3, .. }), "a failed read changes nothing");
     }
 }

@@ -10,8 +10,9 @@
 //! | `peer.rs` | one [`Peer`](peer::Peer): its link's facts and the wire state that outlives a step |
 //! | `express.rs` | the express lane for steps of small messages |
 //! | `ll.rs` | the LL protocol: small messages through the links' LL channels |
-//! | `outbound.rs` | frames to a peer: streamed segments, pull descriptors, what is owed |
-//! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits |
+//! | `outbound.rs` | frames to a peer: streamed segments, pull descriptors, what is owed; `Peer::write_out` writes the frame in progress as far as the link takes it |
+//! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits; `Inbound::fill` reads a header, control payload or padding as far as the link gives it |
+//! | `scripted.rs` | (tests) a link that cuts its stream wherever a test says, for the per-peer machines' unit tests |
 //! | `p2p.rs` | point-to-point matching and the stash of early messages |
 //! | `failure.rs` | aborts, lost peers, timeouts |
 //!
@@ -31,6 +32,8 @@ mod outbound;
 mod p2p;
 mod peer;
 mod plan;
+#[cfg(test)]
+mod scripted;
 mod step;
 mod task;
 

@@ -1,15 +1,17 @@
 //! The outgoing stream of each peer: the frames of send tasks (streamed segments, or pull
 //! descriptors), and the acknowledgements and push requests owed to the peer.
 
-use std::io::IoSlice;
+use std::io::{self, IoSlice};
 
 use super::failure::lost;
+use super::peer::Peer;
 use super::task::{Label, Span, StepRun};
 use super::{Ctx, Engine};
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::frame::{self, ACK_LEN, FrameKind, HEADER_LEN, Header, PULL_LEN};
 use crate::protocol::{self, Outgoing, Protocol};
+use crate::transport::Link;
 
 /// What follows an outgoing frame's header.
 #[derive(Copy, Clone, Debug)]
@@ -92,6 +94,32 @@ impl OutFrame {
         (parts, n)
     }
 }
+/// What one write of a peer's outgoing frame did.
+pub(super) enum Written {
+    /// The link took nothing (it is full), or no frame was in progress.
+    Nothing,
+    /// Part of the frame went; the rest stays in progress.
+    Part,
+    /// The frame went whole (its last bytes in this write) and is no longer in progress.
+    Whole(OutFrame),
+}
+
+impl Peer {
+    /// Writes the frame in progress (`out`) as far as `link` takes it without blocking.
+    pub(super) fn write_out(&mut self, link: &mut dyn Link) -> io::Result<Written> {
+        let Some(f) = self.out.as_mut() else { return Ok(Written::Nothing) };
+        let pad = [0u8; 8];
+        let (parts, n) = f.rest(&pad);
+        let wrote = link.write(&parts[..n])?;
+        f.written += wrote;
+        Ok(match wrote {
+            0 => Written::Nothing,
+            _ if f.written == f.total() => self.out.take().map_or(Written::Nothing, Written::Whole),
+            _ => Written::Part,
+        })
+    }
+}
+
 impl Engine {
     /// How send task `i` to `peer` goes: as compiled for a collective; chosen when its
     /// first frame goes for a point-to-point message (which never goes by LL: its receiver
@@ -142,31 +170,27 @@ impl Engine {
                 }
                 self.peers[peer].out = Some(self.frame_for(run, i, ready, pull));
             }
-            let f = self.peers[peer].out.as_mut().expect("frame present");
-            let pad = [0u8; 8];
-            let (parts, n) = f.rest(&pad);
             let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
-            let wrote = link.write(&parts[..n]).map_err(|e| lost(run.op(), peer, e))?;
-            if wrote == 0 {
-                break;
-            }
-            progress = true;
-            f.written += wrote;
-            if f.written == f.total() {
-                if let Some(i) = f.task {
-                    let task = &mut run.tasks[i];
-                    match f.body {
-                        Body::Data(s) => {
-                            task.sent += s.len;
-                            task.done += s.len;
-                            task.complete = task.done == task.span.len;
+            let written = self.peers[peer].write_out(link).map_err(|e| lost(run.op(), peer, e))?;
+            match written {
+                Written::Nothing => break,
+                Written::Part => progress = true,
+                Written::Whole(f) => {
+                    progress = true;
+                    if let Some(i) = f.task {
+                        let task = &mut run.tasks[i];
+                        match f.body {
+                            Body::Data(s) => {
+                                task.sent += s.len;
+                                task.done += s.len;
+                                task.complete = task.done == task.span.len;
+                            }
+                            // Done when the peer acknowledges it.
+                            Body::Pull { len, .. } => task.sent += len,
+                            Body::Ack(_) | Body::Push(_) => {}
                         }
-                        // Done when the peer acknowledges it.
-                        Body::Pull { len, .. } => task.sent += len,
-                        Body::Ack(_) | Body::Push(_) => {}
                     }
                 }
-                self.peers[peer].out = None;
             }
         }
         Ok(progress)
@@ -208,5 +232,59 @@ impl Engine {
             _ => PULL_LEN as u32,
         };
         OutFrame { task: Some(i), header: h.encode(), body, written: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::scripted::Scripted;
+
+    fn data_frame(payload: &[u8]) -> OutFrame {
+        let mut h = Header::control(FrameKind::Data, 5, payload.len());
+        h.total = payload.len() as u64;
+        let span = Span { ptr: payload.as_ptr().cast_mut(), len: payload.len() };
+        OutFrame { task: Some(3), header: h.encode(), body: Body::Data(span), written: 0 }
+    }
+
+    #[test]
+    fn a_frame_goes_out_in_whatever_pieces_the_link_takes() {
+        let payload: Vec<u8> = (1..=13).collect();
+        let mut want = data_frame(&payload).header.to_vec();
+        want.extend_from_slice(&payload);
+        want.extend_from_slice(&[0, 0, 0]); // padded to 8 bytes
+        for takes in [vec![1000], vec![1, 71, 1, 12, 3], vec![72, 13, 2, 1], vec![5; 18]] {
+            let mut link = Scripted::writes(&takes);
+            let mut peer = Peer::new(None);
+            peer.out = Some(data_frame(&payload));
+            let mut whole = None;
+            for _ in 0..takes.len() {
+                match peer.write_out(&mut link).unwrap() {
+                    Written::Whole(f) => whole = Some(f),
+                    Written::Part => assert!(whole.is_none() && peer.out.is_some(), "{takes:?}"),
+                    Written::Nothing => panic!("the link took bytes ({takes:?})"),
+                }
+            }
+            assert_eq!(link.written, want, "{takes:?}");
+            let f = whole.expect("the frame went whole");
+            assert_eq!((f.task, f.written, f.total()), (Some(3), want.len(), want.len()));
+            assert!(peer.out.is_none() && peer.quiet());
+            assert!(matches!(peer.write_out(&mut link).unwrap(), Written::Nothing));
+        }
+    }
+
+    #[test]
+    fn a_full_link_takes_nothing_and_a_broken_one_fails() {
+        let payload = [7u8; 8];
+        let mut peer = Peer::new(None);
+        peer.out = Some(data_frame(&payload));
+        let mut full = Scripted::writes(&[0, 10]);
+        assert!(matches!(peer.write_out(&mut full).unwrap(), Written::Nothing));
+        assert!(matches!(peer.write_out(&mut full).unwrap(), Written::Part));
+        assert_eq!(peer.out.as_ref().map(|f| f.written), Some(10));
+        let mut broken = Scripted::broken();
+        let failed = peer.write_out(&mut broken).err().map(|e| e.kind());
+        assert_eq!(failed, Some(io::ErrorKind::BrokenPipe));
+        assert_eq!(peer.out.as_ref().map(|f| f.written), Some(10), "a failed write moves nothing");
     }
 }
