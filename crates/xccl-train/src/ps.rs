@@ -225,9 +225,9 @@ impl Worker {
         Ok((version, waited))
     }
 
-    /// Pushes clock `clock`'s gradients (taken out of `grads`, which gets fresh zeroed
-    /// chunks) and this worker's part of the loss, and issues the pulls of version
-    /// `clock + 1`.
+    /// Pushes clock `clock`'s gradients (taken out of `grads`, which gets chunks of the same
+    /// lengths back, to be zeroed before the next step) and this worker's part of the loss,
+    /// and issues the pulls of version `clock + 1`.
     fn push(&mut self, grads: &mut Chunks, loss: f64) -> Result<()> {
         for (j, link) in self.links.iter_mut().enumerate() {
             let len = link.range.len();
@@ -266,13 +266,8 @@ impl Worker {
                             w.wait()?;
                         }
                     }
-                    reused.map_or_else(
-                        || vec![0.0; len],
-                        |mut b| {
-                            b.fill(0.0);
-                            b
-                        },
-                    )
+                    // The loop zeroes the gradients before the next step.
+                    reused.unwrap_or_else(|| vec![0.0; len])
                 }
             };
             grads.put(j, fresh)?;

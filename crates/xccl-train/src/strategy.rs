@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! begin_step → (per block, as forward and backward run: before_block, after_block, block_done)
-//!            → reduce → [Context::finish_step] → optimizer_step → traffic → snapshot (when due)
+//!            → reduce → [Context::finish_step] → optimizer_step → traffic → arrived
+//!            → snapshot (when a checkpoint is due)
 //! ```
 //!
 //! and [`finish`](Strategy::finish) once after the last step. Pipeline and tensor

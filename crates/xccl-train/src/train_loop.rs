@@ -32,7 +32,7 @@ pub(crate) fn run(
     // strategy.
     crate::metrics::reset_peak_rss();
     let mut grads = strategy.gradient_buffer();
-    let mut done = Finish { losses, role: "worker", ..Finish::default() };
+    let mut done = Finish { losses, ..Finish::default() };
     for step in first..cx.config.steps {
         let t0 = Instant::now();
         let begun = strategy.begin_step(cx, step, trace)?;
