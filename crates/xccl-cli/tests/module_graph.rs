@@ -50,6 +50,8 @@ fn module_of(src: &Path, file: &Path) -> String {
 /// `#[cfg(test)]` (a test module, a test-only function or import).
 fn references(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
+    // The text without comments and test-only items.
+    let mut code = String::new();
     // Inside a test-only item: the brace depth it ends at, once it has opened.
     let mut skipping: Option<i64> = None;
     let mut depth = 0i64;
@@ -74,11 +76,41 @@ fn references(text: &str) -> BTreeSet<String> {
             }
             None => {}
         }
-        for (at, _) in line.match_indices("crate::") {
-            let name: String =
-                line[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if !name.is_empty() {
-                found.insert(name);
+        code.push_str(line);
+        code.push('\n');
+    }
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + 7..];
+        match rest.strip_prefix('{') {
+            // `crate::{a, b::c, d::{e, f}}`: the first name of each item at the top level.
+            Some(group) => {
+                let mut depth = 1;
+                let mut item_start = true;
+                let mut name = String::new();
+                for c in group.chars() {
+                    if depth == 1 && item_start && (c.is_ascii_alphanumeric() || c == '_') {
+                        name.push(c);
+                        continue;
+                    }
+                    if !name.is_empty() {
+                        found.insert(std::mem::take(&mut name));
+                    }
+                    item_start &= c.is_whitespace();
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 1 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 1 => item_start = true,
+                        _ => {}
+                    }
+                }
+            }
+            None => {
+                let name: String =
+                    rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !name.is_empty() {
+                    found.insert(name);
+                }
             }
         }
     }
@@ -264,10 +296,14 @@ fn the_scan_sees_a_cycle_where_there_is_one() {
     std::fs::write(dir.join("b/mod.rs"), "pub fn f() { crate::a::g() }\n#[cfg(test)]\nuse crate::c;\n")
         .unwrap();
     std::fs::write(dir.join("c.rs"), "pub fn h() {}\n").unwrap();
+    std::fs::write(dir.join("d.rs"), "use crate::{\n    c::{self, h},\n    e::Thing as F,\n};\n").unwrap();
+    std::fs::write(dir.join("e.rs"), "pub struct Thing;\n").unwrap();
     let edges = graph(&dir);
     assert_eq!(edges["a"], BTreeSet::from(["b".to_string()]), "comments are left out");
     assert_eq!(edges["b"], BTreeSet::from(["a".to_string()]), "test modules are left out");
     assert_eq!(cycle_through(&edges, "a"), Some(vec!["a".into(), "b".into(), "a".into()]));
     assert_eq!(cycle_through(&edges, "c"), None);
+    let grouped = BTreeSet::from(["c".to_string(), "e".to_string()]);
+    assert_eq!(edges["d"], grouped, "grouped imports, over several lines, count");
     std::fs::remove_dir_all(&dir).unwrap();
 }

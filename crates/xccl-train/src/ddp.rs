@@ -9,6 +9,10 @@
 //! optimiser step waits for them all and puts the summed chunks back. Micro-batches before
 //! the last only accumulate (`no_sync`). Because every rank's loss is already divided by the
 //! global number of target tokens, the sum is the gradient of the global mean loss.
+//!
+//! `Ddp` is a `Strategy`: the loop (`train_loop`) tells it when blocks finish
+//! (bucket readiness), it reduces (all-reduces the buckets, waits for them) and steps the optimiser bucket by
+//! bucket on the model's variables (no second copy of the parameters is kept).
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -17,10 +21,12 @@ use xccl::{Communicator, ReduceOp, Work};
 
 use crate::checkpoint::{self, Source};
 pub use crate::config::DdpConfig;
+use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
 use crate::optim::Optimizer;
 use crate::params::{Chunks, ParamSet};
-use crate::run::{Context, Done, Finish, Observer, Start};
+use crate::run::{Context, Start};
+use crate::strategy::{Begin, Final, Reduced, Strategy};
 use crate::trace::{Kind, Trace};
 
 /// One bucket: a chunk of the gradient chunks and the lowest block it covers.
@@ -55,26 +61,44 @@ pub fn plan(
     ranges
 }
 
-/// The DDP state of one rank.
-pub struct Ddp {
+/// The DDP state of one rank: its buckets over the data-parallel group and the whole
+/// optimiser.
+pub(crate) struct Ddp<'a> {
     comm: Communicator,
     /// In launch order: the bucket at the end of the parameter order first.
     buckets: Vec<Bucket>,
+    /// The length of each gradient chunk, in parameter order (the buckets reversed).
+    lens: Vec<usize>,
     /// The all-reduce of each launched bucket, by bucket index.
     pending: Vec<Option<Work<Vec<f32>>>>,
     /// Buckets launched so far this step.
     launched: usize,
+    /// The model's parameters, which the optimiser updates in place.
+    set: &'a ParamSet,
+    optimizer: Optimizer,
 }
 
-impl Ddp {
-    /// Buckets for `params` over `comm`, and gradient chunks laid out to match them.
-    pub fn new(comm: Communicator, params: &ParamSet, config: DdpConfig) -> Result<(Ddp, Chunks)> {
+impl<'a> Ddp<'a> {
+    /// DDP over `cx`'s data-parallel group from `start`. The model's variables already hold
+    /// the parameters; the optimiser updates them bucket by bucket, so no flat copy is kept.
+    pub(crate) fn new(cx: &Context<'a>, config: DdpConfig, start: Start) -> Result<Ddp<'a>> {
+        let model = cx.model;
+        Ddp::with_optimizer(cx.mesh.dp().clone(), model.params(), config, start.optimizer)
+    }
+
+    /// Buckets for `set` over `comm`, gradient chunks laid out to match them.
+    fn with_optimizer(
+        comm: Communicator,
+        set: &'a ParamSet,
+        config: DdpConfig,
+        optimizer: Optimizer,
+    ) -> Result<Ddp<'a>> {
         if config.bucket_bytes == 0 || config.first_bucket_bytes == 0 {
             return Err(Error::config(
                 "bucket sizes must be at least one byte (--bucket-mb, --first-bucket-mb)",
             ));
         }
-        let ranges = plan(params.slots().iter().map(|s| (s.block, s.range().len())), &config);
+        let ranges = plan(set.slots().iter().map(|s| (s.block, s.range().len())), &config);
         let n = ranges.len();
         // Chunks are in parameter order, buckets in the reverse.
         let lens: Vec<usize> = ranges.iter().rev().map(|&(len, _)| len).collect();
@@ -83,23 +107,19 @@ impl Ddp {
             .enumerate()
             .map(|(i, &(_, low))| Bucket { chunk: n - 1 - i, lowest_block: low })
             .collect();
-        let ddp = Ddp { comm, buckets, pending: (0..n).map(|_| None).collect(), launched: 0 };
-        Ok((ddp, Chunks::new(&lens)))
-    }
-
-    /// The communicator.
-    pub fn comm(&self) -> &Communicator {
-        &self.comm
+        let pending = (0..n).map(|_| None).collect();
+        Ok(Ddp { comm, buckets, lens, pending, launched: 0, set, optimizer })
     }
 
     /// The flat ranges of the buckets, in launch order.
-    pub fn buckets(&self, grads: &Chunks) -> Vec<Range<usize>> {
+    #[cfg(test)]
+    fn buckets(&self, grads: &Chunks) -> Vec<Range<usize>> {
         self.buckets.iter().map(|b| grads.range(b.chunk)).collect()
     }
 
     /// Backward of the last micro-batch has finished block `block` (and every later one):
     /// launches the all-reduce of every bucket that is now complete.
-    pub fn block_done(&mut self, block: usize, grads: &mut Chunks) {
+    fn launch_ready(&mut self, block: usize, grads: &mut Chunks) {
         while self.launched < self.buckets.len() && self.buckets[self.launched].lowest_block >= block {
             self.launch_next(grads);
         }
@@ -114,7 +134,7 @@ impl Ddp {
     /// Launches the buckets not launched yet (a rank whose share of the batch was empty runs
     /// no backward), waits for every bucket and for the sum of the ranks' `loss`, and puts
     /// the summed gradients back. Returns the summed loss and the time spent waiting.
-    pub fn finish(&mut self, grads: &mut Chunks, loss: f64) -> Result<(f64, Duration)> {
+    fn wait_all(&mut self, grads: &mut Chunks, loss: f64) -> Result<(f64, Duration)> {
         while self.launched < self.buckets.len() {
             self.launch_next(grads);
         }
@@ -130,62 +150,60 @@ impl Ddp {
     }
 }
 
-/// The DDP loop: every rank is a worker and holds the whole optimiser.
-pub(crate) fn run(
-    cx: &Context,
-    config: DdpConfig,
-    start: Start,
-    trace: &mut Trace,
-    observer: &mut dyn Observer,
-) -> Result<Finish> {
-    let dp = cx.mesh.dp();
-    let (mut ddp, mut grads) = Ddp::new(dp.clone(), cx.model.params(), config)?;
-    let Start { step: first, params, mut optimizer, losses } = start;
-    // The model's variables hold the parameters; the optimiser updates them bucket by
-    // bucket, so no second flat copy is kept.
-    drop(params);
-    let set = cx.model.params();
-    let mut done = Done { losses, ..Done::default() };
-    let mut saver = cx.saver()?;
-    for step in first..cx.config.steps {
-        let t0 = Instant::now();
-        let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
-        grads.zero();
-        let (local, pipe) = cx.gradients(&share, norm, &mut grads, trace, None, |k, g, last| {
-            if last {
-                ddp.block_done(k, g);
-            }
-            Ok(())
-        })?;
+/// DDP's hooks: buckets launched as blocks finish, all-reduced, then the optimiser.
+impl Strategy for Ddp<'_> {
+    fn gradient_buffer(&self) -> Chunks {
+        Chunks::new(&self.lens)
+    }
+
+    fn begin_step(&mut self, _: &Context, _: u64, _: &mut Trace) -> Result<Begin> {
+        let worker = (self.comm.rank(), self.comm.size());
+        Ok(Begin { worker, wait: Duration::ZERO, version: None })
+    }
+
+    fn block_done(&mut self, k: usize, grads: &mut Chunks, last: bool) -> Result<()> {
+        // Micro-batches before the last only accumulate (`no_sync`).
+        if last {
+            self.launch_ready(k, grads);
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, cx: &Context, grads: &mut Chunks, loss: f64, trace: &mut Trace) -> Result<Reduced> {
         let w0 = Instant::now();
-        let (loss, wait) = ddp.finish(&mut grads, local)?;
+        let (loss, wait) = self.wait_all(grads, loss)?;
         trace.record(Kind::Wait, "wait all-reduce".into(), w0, w0 + wait);
-        let loss = cx.finish_step(&mut grads, loss)?;
-        let sent = cx.step_comm(trace);
-        trace.span(|| "optimizer".into(), || step_in_place(set, &mut optimizer, &grads))?;
-        cx.end_step((step, t0, wait, sent), pipe, loss, &mut done, observer);
+        cx.sum_shared(grads)?;
+        Ok(Reduced { loss: Some(loss), wait })
+    }
+
+    fn optimizer_step(&mut self, _: &Context, grads: &Chunks) -> Result<()> {
+        step_in_place(self.set, &mut self.optimizer, grads)
+    }
+
+    fn snapshot(&self, cx: &Context, step: u64, losses: &[(u64, f64)]) -> Result<Option<Snapshot>> {
         // The first replica writes its pieces (each rank of its tensor-parallel group and
         // pipeline its own); the copy is taken now and written in the background.
-        if cx.checkpoint_due(step + 1) {
-            let parts =
-                if dp.rank() == 0 { checkpoint::whole_parts(set, cx.mesh.tp().rank()) } else { Vec::new() };
-            let state = optimizer.state();
-            let values = |source: Source, r: Range<usize>| match source {
-                Source::Params => set.read_range(r),
-                Source::State(i) => Ok(state[i][r].to_vec()),
-            };
-            let snapshot = cx.snapshot(step + 1, &parts, values, optimizer.steps(), &done.losses)?;
-            trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snapshot))?;
-        }
+        let set = self.set;
+        let parts = if self.comm.rank() == 0 {
+            checkpoint::whole_parts(set, cx.mesh.tp().rank())
+        } else {
+            Vec::new()
+        };
+        let state = self.optimizer.state();
+        let values = |source: Source, r: Range<usize>| match source {
+            Source::Params => set.read_range(r),
+            Source::State(i) => Ok(state[i][r].to_vec()),
+        };
+        cx.snapshot(step, &parts, values, self.optimizer.steps(), losses).map(Some)
     }
-    if let Some(s) = &mut saver {
-        s.wait()?;
+
+    fn finish(&mut self, _: &Context, _: &mut Trace) -> Result<Final> {
+        let states = self.optimizer.state().len() as u64;
+        let local = 4 * self.set.len() as u64;
+        let held = [local, local, states * local];
+        Ok(Final { params: self.set.read()?, held, role: "worker" })
     }
-    let states = optimizer.state().len() as u64;
-    let local = 4 * set.len() as u64;
-    let held = [local, local, states * local];
-    let Done { steps, losses, peak_rss, timeline } = done;
-    Ok(Finish { params: set.read()?, steps, losses, role: "worker", peak_rss, timeline, held })
 }
 
 /// One optimiser step over the parameters in `set`, chunk by chunk of `grads` (each
@@ -207,6 +225,7 @@ pub(crate) fn step_in_place(set: &ParamSet, optimizer: &mut Optimizer, grads: &C
 mod tests {
     use super::*;
     use crate::model::{Model, ModelConfig, ModelKind};
+    use crate::optim::OptimConfig;
 
     #[test]
     fn buckets_follow_reverse_block_order_with_a_small_first_one() {
@@ -223,8 +242,10 @@ mod tests {
         let comm = Communicator::local(1).unwrap().pop().unwrap();
         let set = model.params();
         // A layer has 12·16² + 13·16 = 3280 elements; the head 16·12 + 32 = 224.
-        let (ddp, grads) =
-            Ddp::new(comm, set, DdpConfig { bucket_bytes: 4 * 3300, first_bucket_bytes: 4 * 300 }).unwrap();
+        let config = DdpConfig { bucket_bytes: 4 * 3300, first_bucket_bytes: 4 * 300 };
+        let optimizer = Optimizer::new(OptimConfig::adamw(1e-3), set.len());
+        let ddp = Ddp::with_optimizer(comm, set, config, optimizer).unwrap();
+        let grads = ddp.gradient_buffer();
         let b = ddp.buckets(&grads);
         assert_eq!(b[0].end, set.len());
         assert!(b[0].len() * 4 <= 1200);

@@ -27,8 +27,11 @@
 //! - [`mesh`]: the world as a `pp × dp × tp` grid with a communicator per axis; [`tp`]: Megatron's
 //!   column- and row-parallel layers, heads split over the group, vocabulary-parallel
 //!   embedding and cross-entropy, sequence parallelism, the communication as autograd ops.
-//! - [`trainer::train`] composes them on any communicator ([`run`] holds what every
-//!   strategy shares): every rank builds the same global
+//! - [`trainer::train`] composes them on any communicator and runs one training loop for
+//!   every strategy: a strategy (DDP, ZeRO, a parameter server's worker) is data plus
+//!   hooks the loop calls (before and after each block, when a block's gradients are done,
+//!   the reduction, the optimiser step, the checkpoint snapshot, the finish); [`run`] holds
+//!   what the loop and every strategy share. Every rank builds the same global
 //!   batch from the seed ([`data`]), takes its share, and divides its loss by the global
 //!   number of target tokens, so any number of ranks, any uneven shares and any gradient
 //!   accumulation give the gradient of the global mean loss: parallel training is
@@ -98,8 +101,10 @@ pub mod params;
 pub mod pipeline;
 pub mod ps;
 pub mod run;
+mod strategy;
 pub mod tp;
 pub mod trace;
+mod train_loop;
 pub mod trainer;
 pub mod zero;
 

@@ -9,6 +9,10 @@
 //! `pp × dp × tp`: pipeline stages outermost, so that the neighbours of a pipeline, which
 //! exchange only activations at stage boundaries, may sit on different hosts.
 //!
+//! Every communicator of a training run is made here: the axes' groups by [`Mesh::new`], and
+//! groups of some of the ranks along one axis by [`Mesh::subgroup`] (a pipeline's pairs of
+//! stages that share a parameter, a parameter server's push, pull and server groups).
+//!
 //! ```
 //! use xccl::Communicator;
 //! use xccl_train::mesh::{Axis, Mesh};
@@ -105,21 +109,31 @@ impl Mesh {
         }
         let mut axes = Vec::with_capacity(shape.len());
         for (i, &(axis, n)) in shape.iter().enumerate() {
-            // Ranks that agree on every other coordinate share a group along this axis.
-            let color = coords
-                .iter()
-                .zip(shape)
-                .enumerate()
-                .filter(|&(j, _)| j != i)
-                .fold(0usize, |acc, (_, (&c, &(_, m)))| acc * m + c);
-            let color = u32::try_from(color).map_err(|_| Error::config("the mesh is too large"))?;
-            let key = i32::try_from(coords[i]).map_err(|_| Error::config("the mesh is too large"))?;
             let group = world
-                .split(Some(color), key)?
+                .split(Some(color_along(&coords, shape, i)?), key(coords[i])?)?
                 .ok_or_else(|| Error::internal(format!("rank left out of its {} group", axis.name())))?;
             axes.push((axis, n, coords[i], group));
         }
         Ok(Mesh { world: world.clone(), axes })
+    }
+
+    /// The group of the ranks that differ from this one only along `axis` and whose
+    /// coordinate on it is a `member`: led by the rank at coordinate `lead` (rank 0 in the
+    /// group), then ordered by coordinate. `None` on a rank that is not a member. Collective
+    /// over the world: every rank calls it, with the same arguments, in the same order.
+    pub fn subgroup(
+        &self,
+        axis: Axis,
+        member: &dyn Fn(usize) -> bool,
+        lead: Option<usize>,
+    ) -> Result<Option<Communicator>> {
+        let coords: Vec<usize> = self.axes.iter().map(|a| a.2).collect();
+        let shape: Vec<(Axis, usize)> = self.axes.iter().map(|a| (a.0, a.1)).collect();
+        let i = self.axes.iter().position(|(a, ..)| *a == axis).unwrap_or_default();
+        let c = coords[i];
+        let color = member(c).then(|| color_along(&coords, &shape, i)).transpose()?;
+        let key = if lead == Some(c) { -1 } else { key(c)? };
+        Ok(self.world.split(color, key)?)
     }
 
     fn axis(&self, axis: Axis) -> &(Axis, usize, usize, Communicator) {
@@ -165,9 +179,60 @@ impl Mesh {
     }
 }
 
+/// The color of the group along axis `i` of `shape` of the rank at `coords`: ranks that
+/// agree on every other coordinate share it.
+fn color_along(coords: &[usize], shape: &[(Axis, usize)], i: usize) -> Result<u32> {
+    let color = coords
+        .iter()
+        .zip(shape)
+        .enumerate()
+        .filter(|&(j, _)| j != i)
+        .fold(0usize, |acc, (_, (&c, &(_, m)))| acc * m + c);
+    u32::try_from(color).map_err(|_| Error::config("the mesh is too large"))
+}
+
+/// A coordinate as a split key (the order within a group).
+fn key(coord: usize) -> Result<i32> {
+    i32::try_from(coord).map_err(|_| Error::config("the mesh is too large"))
+}
+
 impl std::fmt::Display for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let parts: Vec<String> = self.axes.iter().map(|(a, n, ..)| format!("{} {n}", a.name())).collect();
         write!(f, "{}", parts.join(" × "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On `pp 2 × dp 2`, rank `r` at pp `r / 2`, dp `r % 2`: the members, order and lead of
+    /// subgroups along each axis.
+    #[test]
+    fn subgroups_keep_the_other_coordinates_and_put_the_lead_first() {
+        let groups = std::thread::scope(|s| {
+            let ranks: Vec<_> = Communicator::local(4)
+                .unwrap()
+                .into_iter()
+                .map(|world| {
+                    s.spawn(move || -> Result<_> {
+                        let mesh = Mesh::new(&world, &[(Axis::Pp, 2), (Axis::Dp, 2)])?;
+                        let pair = mesh.subgroup(Axis::Pp, &|_| true, None)?;
+                        let second = mesh.subgroup(Axis::Dp, &|c| c == 1, None)?;
+                        let led = mesh.subgroup(Axis::Dp, &|_| true, Some(1))?;
+                        let shape = |c: Option<Communicator>| c.map(|c| (c.rank(), c.size()));
+                        Ok((shape(pair), shape(second), shape(led)))
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect::<Vec<_>>()
+        });
+        for (r, (pair, second, led)) in groups.into_iter().enumerate() {
+            let (pp, dp) = (r / 2, r % 2);
+            assert_eq!(pair, Some((pp, 2)), "rank {r}: the stages of its pipeline");
+            assert_eq!(second, (dp == 1).then_some((0, 1)), "rank {r}: only dp 1 is a member");
+            assert_eq!(led, Some((1 - dp, 2)), "rank {r}: dp 1 leads");
+        }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! The flat parameters are cut into one shard per server; servers are ranks `0..S`, and
 //! workers are every rank (servers work too) or ranks `S..` (`dedicated`). Per shard `j`
-//! there are two communicators, split from the world, whose members are the workers and
-//! server `j` (the root, rank 0 in them):
+//! there are two communicators, made by the mesh ([`Mesh::subgroup`]), whose members are the
+//! workers and server `j` (the root, rank 0 in them):
 //!
 //! - **push**: at clock `c`, each worker reduces its gradient of shard `j` to the server
 //!   (`reduce_async(Sum)`: a push aggregated on the way); shard 0's push also carries the
@@ -20,6 +20,13 @@
 //! server thread, which alone issues the pulls (the broadcasts of new versions) and serves
 //! its own worker through a shared slot. Servers gather their shards to server 0 for
 //! checkpoints over a third communicator that only server threads use.
+//!
+//! A worker runs the common training loop (`train_loop`) with `Worker` as its
+//! `Strategy`: a step begins by acquiring a recent enough version (the pull), its
+//! reduction is the push, and the optimiser step is the servers'. A server runs its own
+//! serve loop, on its own thread when its rank also works.
+//!
+//! [`Mesh::subgroup`]: crate::mesh::Mesh::subgroup
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -33,12 +40,15 @@ use xccl::{Communicator, ReduceOp, Work};
 use crate::checkpoint::Source as Values;
 pub use crate::config::PsConfig;
 use crate::data::shares;
+use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
-use crate::metrics::StepStat;
+use crate::mesh::{Axis, Mesh};
 use crate::optim::Optimizer;
 use crate::params::Chunks;
 use crate::run::{Context, Finish, Observer, Start};
+use crate::strategy::{Begin, Final, Reduced, Strategy};
 use crate::trace::{Kind, Trace};
+use crate::train_loop;
 
 /// Who serves and who works in a job of `size` ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,12 +158,17 @@ struct ShardLink {
     losses: VecDeque<Work<(Vec<f64>, Vec<f64>)>>,
 }
 
-/// The worker side of one rank.
-struct Worker {
+/// The worker side of one rank: a `Strategy` whose steps start from the newest version
+/// of every shard within the staleness bound and whose reduction pushes to the servers.
+pub(crate) struct Worker {
     links: Vec<ShardLink>,
     params: Vec<f32>,
     /// The staleness bound.
     staleness: u64,
+    /// This worker's index among the workers, and their number.
+    index: (usize, usize),
+    /// Global losses from the server thread of this rank (server 0's rank).
+    reports: Option<Receiver<(u64, f64)>>,
 }
 
 impl Worker {
@@ -210,9 +225,9 @@ impl Worker {
         Ok((version, waited))
     }
 
-    /// Pushes clock `clock`'s gradients (taken out of `grads`, which gets fresh zeroed
-    /// chunks) and this worker's part of the loss, and issues the pulls of version
-    /// `clock + 1`.
+    /// Pushes clock `clock`'s gradients (taken out of `grads`, which gets chunks of the same
+    /// lengths back, to be zeroed before the next step) and this worker's part of the loss,
+    /// and issues the pulls of version `clock + 1`.
     fn push(&mut self, grads: &mut Chunks, loss: f64) -> Result<()> {
         for (j, link) in self.links.iter_mut().enumerate() {
             let len = link.range.len();
@@ -251,13 +266,8 @@ impl Worker {
                             w.wait()?;
                         }
                     }
-                    reused.map_or_else(
-                        || vec![0.0; len],
-                        |mut b| {
-                            b.fill(0.0);
-                            b
-                        },
-                    )
+                    // The loop zeroes the gradients before the next step.
+                    reused.unwrap_or_else(|| vec![0.0; len])
                 }
             };
             grads.put(j, fresh)?;
@@ -407,18 +417,17 @@ struct Groups {
 }
 
 impl Groups {
-    /// Splits `world` collectively, in the same order on every rank.
-    fn split(world: &Communicator, roles: &Roles, shards: usize, record: bool) -> Result<Groups> {
-        let rank = world.rank();
+    /// Asks `mesh` for the groups along its data-parallel axis (the whole job: the
+    /// parameter server has no other axis), in the same order on every rank.
+    fn new(mesh: &Mesh, roles: &Roles, shards: usize, record: bool) -> Result<Groups> {
         let (mut push, mut pull) = (Vec::new(), Vec::new());
         for j in 0..shards {
-            let member = roles.is_worker(rank) || rank == j;
             // The server is rank 0 of its shard's groups.
-            let key = if rank == j { -1 } else { rank as i32 };
-            push.push(world.split(member.then_some(2 * j as u32), key)?);
-            pull.push(world.split(member.then_some(2 * j as u32 + 1), key)?);
+            let member = |r: usize| roles.is_worker(r) || r == j;
+            push.push(mesh.subgroup(Axis::Dp, &member, Some(j))?);
+            pull.push(mesh.subgroup(Axis::Dp, &member, Some(j))?);
         }
-        let servers = world.split(roles.is_server(rank).then_some(u32::MAX), rank as i32)?;
+        let servers = mesh.subgroup(Axis::Dp, &|r| roles.is_server(r), None)?;
         let groups = Groups { push, pull, servers };
         for c in groups.all() {
             c.record_timeline(record);
@@ -478,14 +487,16 @@ fn server(cx: &Context, groups: &Groups, ranges: &[Range<usize>], start: &Start)
     }))
 }
 
-/// The worker of this rank: links to every shard. The shard this rank serves (if it
-/// does) is wired to `server` through a channel and a shared slot.
+/// The worker of this rank, worker `index` of `workers`: links to every shard. The shard
+/// this rank serves (if it does) is wired to `server` through a channel and a shared slot,
+/// and its global losses to the worker through `reports`.
 fn worker(
     groups: &Groups,
     ranges: &[Range<usize>],
     start: &Start,
-    staleness: u64,
+    (staleness, index): (u64, (usize, usize)),
     mut server: Option<&mut Server>,
+    reports: Option<Receiver<(u64, f64)>>,
 ) -> Result<Worker> {
     let mut links = Vec::new();
     for (j, range) in ranges.iter().enumerate() {
@@ -503,54 +514,61 @@ fn worker(
         let (pushes, losses) = (VecDeque::new(), VecDeque::new());
         links.push(ShardLink { range: range.clone(), push, source, version: start.step, pushes, losses });
     }
-    Ok(Worker { links, params: start.params.clone(), staleness })
+    Ok(Worker { links, params: start.params.clone(), staleness, index, reports })
 }
 
-/// The worker loop: clocks `first..steps` as worker `index` of `workers`, then the final
-/// version of every shard. Global losses arriving on `reports` go to the observer.
-fn work(
-    cx: &Context,
-    worker: &mut Worker,
-    (index, workers): (usize, usize),
-    first: u64,
-    trace: &mut Trace,
-    observer: &mut dyn Observer,
-    reports: &Receiver<(u64, f64)>,
-) -> Result<Vec<StepStat>> {
-    let shard_lens: Vec<usize> = worker.links.iter().map(|l| l.range.len()).collect();
-    let mut grads = Chunks::new(&shard_lens);
-    let mut stats = Vec::new();
-    for clock in first..cx.config.steps {
-        let t0 = Instant::now();
-        let need = clock.saturating_sub(worker.staleness);
-        let (version, waited) = worker.acquire(need, cx)?;
-        trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
-        let (share, norm) = trace.span(|| "data".into(), || cx.share(clock, index, workers));
-        let (loss, _) = cx.gradients(&share, norm, &mut grads, trace, None, |_, _, _| Ok(()))?;
-        worker.push(&mut grads, loss)?;
-        let stat = StepStat {
-            step: clock,
-            seconds: t0.elapsed().as_secs_f64(),
-            wait: waited.as_secs_f64(),
-            version: Some(version),
-            // The servers' groups are their own, traced with them.
-            sent: [0, 0, 0],
-            pipe: None,
-        };
-        observer.step(&stat);
-        stats.push(stat);
-        for (clock, loss) in reports.try_iter() {
-            observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
-        }
+/// A worker's hooks: pull before the step, push as its reduction; the servers step the
+/// optimiser and write the checkpoints.
+impl Strategy for Worker {
+    fn gradient_buffer(&self) -> Chunks {
+        let shard_lens: Vec<usize> = self.links.iter().map(|l| l.range.len()).collect();
+        Chunks::new(&shard_lens)
     }
-    let t0 = Instant::now();
-    worker.acquire(cx.config.steps, cx)?;
-    worker.drain()?;
-    trace.record(Kind::Wait, "wait final version".into(), t0, Instant::now());
-    Ok(stats)
+
+    fn begin_step(&mut self, cx: &Context, step: u64, trace: &mut Trace) -> Result<Begin> {
+        let t0 = Instant::now();
+        let need = step.saturating_sub(self.staleness);
+        let (version, waited) = self.acquire(need, cx)?;
+        trace.record(Kind::Wait, format!("wait version {need}"), t0, t0 + waited);
+        Ok(Begin { worker: self.index, wait: waited, version: Some(version) })
+    }
+
+    fn reduce(&mut self, _: &Context, grads: &mut Chunks, loss: f64, _: &mut Trace) -> Result<Reduced> {
+        self.push(grads, loss)?;
+        Ok(Reduced { loss: None, wait: Duration::ZERO })
+    }
+
+    fn optimizer_step(&mut self, _: &Context, _: &Chunks) -> Result<()> {
+        Ok(())
+    }
+
+    fn traffic(&mut self, _: &Context, _: &mut Trace) -> [u64; 3] {
+        // The servers' groups are their own, traced with them.
+        [0, 0, 0]
+    }
+
+    fn arrived(&mut self) -> Vec<(u64, f64)> {
+        self.reports.as_ref().map_or_else(Vec::new, |r| r.try_iter().collect())
+    }
+
+    fn snapshot(&self, _: &Context, _: u64, _: &[(u64, f64)]) -> Result<Option<Snapshot>> {
+        Ok(None)
+    }
+
+    fn finish(&mut self, cx: &Context, trace: &mut Trace) -> Result<Final> {
+        let t0 = Instant::now();
+        self.acquire(cx.config.steps, cx)?;
+        self.drain()?;
+        trace.record(Kind::Wait, "wait final version".into(), t0, Instant::now());
+        let serves = self.links.iter().any(|l| matches!(l.source, Source::Local { .. }));
+        let role = if serves { "worker+server" } else { "worker" };
+        Ok(Final { params: self.params.clone(), held: [0; 3], role })
+    }
 }
 
-/// The parameter-server loop of one rank.
+/// The parameter server on one rank: servers serve (on their own thread when the rank also
+/// works), workers run the training loop with a `Worker`; every rank ends with the final
+/// parameters.
 pub(crate) fn run(
     cx: &Context,
     config: PsConfig,
@@ -562,24 +580,28 @@ pub(crate) fn run(
     let rank = world.rank();
     let roles = Roles::new(world.size(), &config)?;
     let ranges = shares(cx.model.params().len(), config.servers);
-    let groups = Groups::split(world, &roles, config.servers, cx.config.trace)?;
+    let groups = Groups::new(cx.mesh, &roles, config.servers, cx.config.trace)?;
     let mut server = server(cx, &groups, &ranges, &start)?;
-    let mut stats = Vec::new();
-    let mut final_params = start.params.clone();
-    match (roles.worker_index(rank), server.as_mut()) {
+    let mut finish = match (roles.worker_index(rank), server.as_mut()) {
         (None, Some(server)) => {
             // A dedicated server: serve on this thread.
+            crate::metrics::reset_peak_rss();
             let started = cx.started;
             server.run(cx, start.step, &mut |clock, loss| {
                 observer.loss(clock, loss, started.elapsed().as_secs_f64())
             })?;
+            Finish { params: start.params.clone(), role: "server", ..Finish::default() }
         }
         (Some(index), mut server) => {
             let stop = server.as_ref().map(|s| s.stop.clone());
-            let mut worker = worker(&groups, &ranges, &start, config.staleness, server.as_deref_mut())?;
             let (to_report, reports) = channel();
+            let index = (index, roles.workers());
+            let reports = server.is_some().then_some(reports);
+            let link = (config.staleness, index);
+            let mut worker = worker(&groups, &ranges, &start, link, server.as_deref_mut(), reports)?;
             let first = start.step;
-            std::thread::scope(|scope| -> Result<()> {
+            let from = (first, start.losses.clone());
+            std::thread::scope(|scope| -> Result<Finish> {
                 let serving = server.map(|s| {
                     scope.spawn(move || {
                         s.run(cx, first, &mut |clock, loss| {
@@ -587,8 +609,7 @@ pub(crate) fn run(
                         })
                     })
                 });
-                let done = (index, roles.workers());
-                let worked = work(cx, &mut worker, done, first, trace, observer, &reports);
+                let worked = train_loop::run(cx, &mut worker, from, None, trace, observer);
                 if worked.is_err() {
                     // Tell the server thread to stop waiting for this worker's pushes.
                     if let Some(stop) = &stop {
@@ -600,38 +621,23 @@ pub(crate) fn run(
                     Some(h) => h.join().map_err(|_| Error::Thread("the server thread panicked".into()))?,
                     None => Ok(()),
                 };
-                for (clock, loss) in reports.try_iter() {
-                    observer.loss(clock, loss, cx.started.elapsed().as_secs_f64());
+                let mut finish = worked?;
+                for (clock, loss) in worker.arrived() {
+                    train_loop::record(cx, &mut finish.losses, clock, loss, observer);
                 }
-                stats = worked?;
-                served
-            })?;
-            final_params = worker.params;
+                served.map(|()| finish)
+            })?
         }
         (None, None) => return Err(Error::internal("a rank that neither works nor serves")),
-    }
-    let mut losses = Vec::new();
+    };
     if let Some(s) = server {
-        losses = s.losses;
+        finish.losses = s.losses;
         trace.absorb(s.trace);
     }
     // Every rank ends with the final parameters: the first worker's, broadcast.
     let first_worker = (0..world.size()).find(|&r| roles.is_worker(r)).unwrap_or(0);
-    world.broadcast(&mut final_params, first_worker)?;
+    world.broadcast(&mut finish.params, first_worker)?;
     groups.trace_into(trace);
-    let role = match (roles.is_worker(rank), roles.is_server(rank)) {
-        (true, true) => "worker+server",
-        (true, false) => "worker",
-        _ => "server",
-    };
-    Ok(Finish {
-        params: final_params,
-        steps: stats,
-        losses,
-        role,
-        peak_rss: crate::metrics::peak_rss_bytes(),
-        timeline: Vec::new(),
-        // Not counted for the parameter server.
-        held: [0; 3],
-    })
+    finish.peak_rss = crate::metrics::peak_rss_bytes();
+    Ok(finish)
 }

@@ -1,7 +1,8 @@
 //! The training run, one place for what every strategy shares: where it starts (fresh or
-//! from a checkpoint), each worker's gradient computation over its share of the global
-//! batch, checkpoints, and how it ends (evaluation, reports gathered to rank 0). A
-//! strategy ([`crate::ddp`], [`crate::zero`], [`crate::ps`]) is a loop over steps that uses a [`Context`];
+//! from a checkpoint), the [`Context`] the loop and the strategies read (the global batch and
+//! this worker's share of it, checkpoints, per-step communication volume, the pipeline's
+//! end of a step), and how it ends (evaluation, reports gathered to rank 0). The loop itself
+//! is `train_loop`, the strategies' seam `strategy`;
 //! [`crate::trainer::train`] composes the mesh, the model and a strategy.
 
 use std::time::Instant;
@@ -17,10 +18,10 @@ use crate::dcp::{Reader, Saver, Snapshot};
 use crate::error::{Error, Result, agree_all};
 use crate::mesh::Mesh;
 use crate::metrics::{PipelineFacts, RankReport, StepStat, Summary, bus_bytes, gather_reports};
-use crate::model::{Graph, Model, Residency};
+use crate::model::Model;
 use crate::optim::Optimizer;
 use crate::params::Chunks;
-use crate::pipeline::execute::{PipeStat, Pipeline};
+use crate::pipeline::execute::Pipeline;
 use crate::trace::{self, Trace};
 
 /// What a rank sees of a run as it goes; the default methods ignore it.
@@ -59,34 +60,24 @@ pub(crate) struct Start {
     pub losses: Vec<(u64, f64)>,
 }
 
-/// What a strategy's loop hands back (this rank's parameters).
+/// What the loop (or a parameter server's serve loop) hands back (this rank's parameters).
+#[derive(Default)]
 pub(crate) struct Finish {
     /// Peak resident memory after the last step, before its checkpoint.
     pub peak_rss: u64,
     /// Pipeline: the forwards and backwards of the last step.
     pub timeline: Vec<(String, Instant, Instant)>,
     pub params: Vec<f32>,
+    /// This rank's steps.
     pub steps: Vec<StepStat>,
+    /// `(step, global loss)` (rank 0).
     pub losses: Vec<(u64, f64)>,
     pub role: &'static str,
     /// Bytes held between steps for parameters, gradients and optimiser state.
     pub held: [u64; 3],
 }
 
-/// What a data-parallel loop has done so far.
-#[derive(Default)]
-pub(crate) struct Done {
-    /// This rank's steps.
-    pub steps: Vec<StepStat>,
-    /// `(step, global loss)` (rank 0).
-    pub losses: Vec<(u64, f64)>,
-    /// Peak resident memory after the last step.
-    pub peak_rss: u64,
-    /// Pipeline: the forwards and backwards of the last step.
-    pub timeline: Vec<(String, Instant, Instant)>,
-}
-
-/// The pieces every strategy's loop uses.
+/// The pieces the training loop and every strategy use.
 pub(crate) struct Context<'a> {
     pub mesh: &'a Mesh,
     pub config: &'a TrainConfig,
@@ -101,7 +92,7 @@ pub(crate) struct Context<'a> {
 impl Context<'_> {
     /// The operations this rank's tensor-parallel, data-parallel and pipeline groups ran
     /// since the last call, moved into `trace`: returns the bytes each sent ([`bus_bytes`]).
-    /// A strategy calls it at the end of each step's communication, before checkpointing.
+    /// The loop calls it once per step, after the optimiser step, before checkpointing.
     pub fn step_comm(&self, trace: &mut Trace) -> [u64; 3] {
         let mut sent = [0; 3];
         let groups = [("comm tp", self.mesh.tp()), ("comm dp", self.mesh.dp()), ("comm pp", self.mesh.pp())];
@@ -111,41 +102,6 @@ impl Context<'_> {
             trace.add_ops(label, ops);
         }
         sent
-    }
-
-    /// What every data-parallel loop does once step `step` (begun at `t0`, `wait` of it
-    /// waiting for communication that sent `sent`, `pipe` what its pipeline did) is done:
-    /// tells `observer`, keeps the step's statistics in `done`, the pipeline's timeline of
-    /// it, the peak memory after the last step, and on rank 0 the step's global `loss`.
-    pub fn end_step(
-        &self,
-        (step, t0, wait, sent): (u64, Instant, std::time::Duration, [u64; 3]),
-        pipe: Option<PipeStat>,
-        loss: f64,
-        done: &mut Done,
-        observer: &mut dyn Observer,
-    ) {
-        let stat = StepStat {
-            step,
-            seconds: t0.elapsed().as_secs_f64(),
-            wait: wait.as_secs_f64(),
-            version: None,
-            sent,
-            pipe: pipe.as_ref().map(|p| [p.busy, trace::unix_us(p.start), trace::unix_us(p.end)]),
-        };
-        if let Some(p) = pipe {
-            done.timeline = p.timeline;
-        }
-        let Done { steps, losses, peak_rss, .. } = done;
-        observer.step(&stat);
-        steps.push(stat);
-        if step + 1 == self.config.steps {
-            *peak_rss = crate::metrics::peak_rss_bytes();
-        }
-        if self.mesh.world().rank() == 0 {
-            losses.push((step, loss));
-            observer.loss(step, loss, self.started.elapsed().as_secs_f64());
-        }
     }
 
     /// Whether to checkpoint once `done` steps are done.
@@ -201,12 +157,30 @@ impl Context<'_> {
         Ok(full)
     }
 
-    /// After the data-parallel reduction of a step's gradients: the pipeline's shared
-    /// parameters' gradients summed between their stages, and the step's `loss` (the
-    /// data-parallel sum, known on the last stage) given to every stage.
-    pub fn finish_step(&self, grads: &mut Chunks, loss: f64) -> Result<f64> {
+    /// Sums the gradients of the parameters that two pipeline stages hold (a tied
+    /// embedding) between those stages, in place in this rank's full local `grads`; nothing
+    /// without a pipeline. A sum, so a strategy calls it either after its data-parallel
+    /// reduction (DDP) or on its local gradients before reducing them (ZeRO, whose reduced
+    /// gradients are sliced differently on the two stages); collective over the pairs of
+    /// stages that share a parameter.
+    pub fn sum_shared(&self, grads: &mut Chunks) -> Result<()> {
         match self.pipeline {
-            Some(p) => p.finish_step(grads, loss),
+            Some(p) => p.sum_shared(grads),
+            None => Ok(()),
+        }
+    }
+
+    /// The end of a step's reduction, the same for every strategy: `loss` is the step's
+    /// loss summed over the data-parallel group (what [`Reduced::loss`] holds: in a pipeline
+    /// non-zero on the last stage only); returns the global loss, on every rank (summed
+    /// over the pipeline group). The loop calls it once per step, after
+    /// [`Strategy::reduce`] and before the optimiser step, on every rank of the loop.
+    ///
+    /// [`Reduced::loss`]: crate::strategy::Reduced::loss
+    /// [`Strategy::reduce`]: crate::strategy::Strategy::reduce
+    pub fn finish_step(&self, loss: f64) -> Result<f64> {
+        match self.pipeline {
+            Some(p) => p.total_loss(loss),
             None => Ok(loss),
         }
     }
@@ -216,60 +190,6 @@ impl Context<'_> {
         let global = self.task.batch(self.config.seed, step, self.config.batch);
         let norm = global.counted() as f64;
         (global.rows(shares(self.config.batch, workers)[index].clone()), norm)
-    }
-
-    /// Accumulates into `grads` the gradient of this worker's part of the global mean loss
-    /// over its `share`, cut into micro-batches; `block_done(k, grads, last)` is called when
-    /// the backward of a micro-batch has finished block `k` (and every later one), `last`
-    /// on the last non-empty micro-batch (in a pipeline, only then). With `residency`
-    /// (ZeRO stage 3) every block's forward runs again in backward ([`Graph::Recompute`])
-    /// and `residency` is told when each block needs its parameters. Returns this worker's
-    /// part of the loss and, in a pipeline, what its schedule did (the loss is then known
-    /// on the last stage only).
-    pub fn gradients(
-        &self,
-        share: &Batch,
-        norm: f64,
-        grads: &mut Chunks,
-        trace: &mut Trace,
-        residency: Option<&mut dyn Residency>,
-        mut block_done: impl FnMut(usize, &mut Chunks, bool) -> Result<()>,
-    ) -> Result<(f64, Option<PipeStat>)> {
-        if let Some(p) = self.pipeline {
-            if residency.is_some() {
-                return Err(Error::internal("a pipeline stage keeps its parameters"));
-            }
-            let mut failed = None;
-            let (loss, stat) = p.run(self.model, share, norm, grads, trace, |k, g| {
-                if let Err(e) = block_done(k, g, true) {
-                    failed.get_or_insert(e);
-                }
-            })?;
-            return match failed {
-                Some(e) => Err(e),
-                None => Ok((loss, Some(stat))),
-            };
-        }
-        let (graph, residency) = match residency {
-            Some(r) => (Graph::Recompute, r),
-            None => (Graph::Blockwise, &mut () as &mut dyn Residency),
-        };
-        let micro: Vec<_> =
-            shares(share.rows, self.config.accum).into_iter().filter(|r| !r.is_empty()).collect();
-        let mut loss_sum = 0.0;
-        for (i, rows) in micro.iter().enumerate() {
-            let last = i + 1 == micro.len();
-            let (ids, targets, mask) = share.rows(rows.clone()).tensors()?;
-            let fwd = self.model.forward_with(&ids, graph, trace, residency)?;
-            let loss =
-                trace.span(|| "loss".into(), || self.model.loss(fwd.logits(), &targets, &mask, norm))?;
-            loss_sum += f64::from(loss.to_scalar::<f32>()?);
-            self.model.backward_with(fwd, &loss, trace, residency, |k, g| {
-                grads.add_grads(self.model.params(), &g)?;
-                block_done(k, grads, last)
-            })?;
-        }
-        Ok((loss_sum, None))
     }
 }
 

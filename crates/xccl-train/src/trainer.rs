@@ -1,11 +1,12 @@
 //! [`train`]: a training run composed of its parts. The world becomes a mesh (pipeline ×
 //! data-parallel × tensor-parallel, [`crate::mesh`]); the model, or this rank's pipeline
 //! stage of it ([`crate::pipeline`]), is built for this rank's tensor-parallel group
-//! ([`crate::tp`]); a data-parallel strategy ([`crate::ddp`], [`crate::zero`] or [`crate::ps`]) runs the
-//! steps over the data-parallel group; [`crate::run`] starts and ends it. The strategies
-//! never see each other: DDP reduces whatever parameters the model holds, whole, a
-//! stage's blocks or tensor-parallel pieces, and a pipeline only replaces how one step's
-//! gradients are computed.
+//! ([`crate::tp`]); the one training loop (`train_loop`) runs the steps with a
+//! data-parallel `Strategy` ([`crate::ddp`], [`crate::zero`], or
+//! a parameter server's worker, [`crate::ps`], whose servers serve instead); [`crate::run`]
+//! starts and ends it. The strategies never see each other: DDP reduces whatever parameters
+//! the model holds, whole, a stage's blocks or tensor-parallel pieces, and a pipeline only
+//! replaces how one step's gradients are computed.
 
 use std::time::Instant;
 
@@ -14,13 +15,15 @@ use xccl::Communicator;
 pub use crate::config::{CheckpointConfig, Strategy, TrainConfig};
 pub use crate::run::{Observer, Outcome};
 
+use crate::ddp::Ddp;
 use crate::error::Result;
 use crate::mesh::{Axis, Mesh};
 use crate::model::Model;
 use crate::run::{self, Context};
 use crate::tp::Tp;
 use crate::trace::Trace;
-use crate::{ddp, pipeline, ps, zero};
+use crate::zero::Zero;
+use crate::{pipeline, ps, train_loop};
 
 /// Trains as one rank of `world` (every rank calls this with the same configuration),
 /// telling `observer` how it goes. Returns the final parameters on every rank; rank 0 also
@@ -59,22 +62,20 @@ pub fn train(world: &Communicator, config: &TrainConfig, observer: &mut dyn Obse
     };
     let start = run::start(&cx)?;
     model.params().write(&start.params)?;
-    let first = start.step;
-    // ZeRO keeps only its slices of what the run starts from (stage 3 frees the
-    // parameters) before the steps begin.
-    let (zero, start) = match config.strategy {
-        Strategy::Zero(z) => (Some(zero::Zero::new(&cx, z, start)?), None),
-        _ => (None, Some(start)),
-    };
-    observer.start(first);
-    // The peak memory reported is that of the steps, not of building the model.
-    crate::metrics::reset_peak_rss();
+    let from = (start.step, start.losses.clone());
+    observer.start(start.step);
     cx.started = Instant::now();
-    let finish = match (config.strategy, zero, start) {
-        (_, Some(z), _) => zero::run(&cx, z, &mut trace, observer)?,
-        (Strategy::Ddp(d), None, Some(start)) => ddp::run(&cx, d, start, &mut trace, observer)?,
-        (Strategy::Ps(p), None, Some(start)) => ps::run(&cx, p, start, &mut trace, observer)?,
-        _ => return Err(crate::Error::internal("a strategy without where it starts")),
+    // A strategy is made from where the run starts before the steps begin (ZeRO keeps only
+    // its slices of it; stage 3 frees the parameters).
+    let finish = match config.strategy {
+        Strategy::Ddp(d) => {
+            train_loop::run(&cx, &mut Ddp::new(&cx, d, start)?, from, cx.saver()?, &mut trace, observer)?
+        }
+        Strategy::Zero(z) => {
+            train_loop::run(&cx, &mut Zero::new(&cx, z, start)?, from, cx.saver()?, &mut trace, observer)?
+        }
+        // Workers run the loop with the parameter server's worker; servers serve.
+        Strategy::Ps(p) => ps::run(&cx, p, start, &mut trace, observer)?,
     };
     let wall = cx.started.elapsed().as_secs_f64();
     run::end(&cx, finish, trace, wall)

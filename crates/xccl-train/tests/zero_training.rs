@@ -81,6 +81,16 @@ fn stage_one_in_a_pipeline_with_a_tied_head_matches() {
     };
     let config = TrainConfig { pipeline: Some(pipeline), ..base };
     check(&config, 2, &expect, "zero 1, pp 2 x dp 2");
+    // The loss rank 0 records is the global one, as DDP's on the same mesh: the same at
+    // the first step (the same parameters), within the tolerance after.
+    let losses = |config: &TrainConfig| run(4, config)[0].summary.as_ref().unwrap().losses.clone();
+    let (zero, ddp) = (losses(&config), losses(&TrainConfig { strategy: common::ddp(), ..config.clone() }));
+    assert_eq!(zero.len() as u64, STEPS);
+    assert_eq!(zero[0], ddp[0], "zero 1 and DDP record different first losses");
+    for ((s, a), (t, b)) in zero.iter().zip(&ddp) {
+        assert_eq!(s, t);
+        assert!((a - b).abs() <= TOLERANCE * b.abs(), "step {s}: zero 1 loss {a}, DDP {b}");
+    }
 }
 
 #[test]

@@ -379,26 +379,28 @@ impl Model {
         fwd: Forward,
         loss: &Tensor,
         trace: &mut Trace,
-        done: impl FnMut(usize, BlockGrads) -> Result<()>,
+        mut done: impl FnMut(usize, BlockGrads) -> Result<()>,
     ) -> Result<()> {
-        self.backward_with(fwd, loss, trace, &mut (), done)
+        self.backward_with(fwd, loss, trace, &mut (), |_, k, g| done(k, g))
     }
 
     /// [`backward`](Self::backward), telling `residency` when each block uses its
-    /// parameters (with [`Graph::Recompute`], a block's forward runs again first).
-    pub fn backward_with(
+    /// parameters (with [`Graph::Recompute`], a block's forward runs again first); `done`
+    /// gets `residency` back, so that one object can both hold the parameters and take the
+    /// gradients.
+    pub fn backward_with<R: Residency + ?Sized>(
         &self,
         fwd: Forward,
         loss: &Tensor,
         trace: &mut Trace,
-        residency: &mut dyn Residency,
-        mut done: impl FnMut(usize, BlockGrads) -> Result<()>,
+        residency: &mut R,
+        mut done: impl FnMut(&mut R, usize, BlockGrads) -> Result<()>,
     ) -> Result<()> {
         let n = self.blocks.len();
         if fwd.graph == Graph::Whole {
             let store = trace.span(|| "bwd model".to_string(), || loss.backward())?;
             for k in (0..n).rev() {
-                done(k, self.complete(self.collect(&store, &self.owned[k])?)?)?;
+                done(residency, k, self.complete(self.collect(&store, &self.owned[k])?)?)?;
             }
             return Ok(());
         }
@@ -425,7 +427,7 @@ impl Model {
                     let (grads, below) =
                         self.backward_blocks(k..k + 1, &output, grad_out.as_ref(), fwd.inputs[k].as_ref())?;
                     residency.evict(k)?;
-                    done(k, grads)?;
+                    done(residency, k, grads)?;
                     Ok(below)
                 },
             )?;

@@ -76,7 +76,8 @@ impl Pipeline {
     /// The pipeline rank of `mesh` running `schedule` on `model`, a part built with the
     /// blocks of `stages[g]` for every global stage `g` this rank holds (`stages`: the block
     /// ranges of every global stage, in pipeline order). Collective over the world: every
-    /// pair of stages that shares a parameter gets a group of its own.
+    /// pair of stages that shares a parameter gets a group of its own from the mesh
+    /// ([`Mesh::subgroup`]).
     pub fn new(
         mesh: &Mesh,
         schedule: Schedule,
@@ -106,12 +107,7 @@ impl Pipeline {
             if owner == user {
                 continue;
             }
-            let mine = rank == owner || rank == user;
-            let color = mesh.coord(Axis::Dp) * mesh.size(Axis::Tp) + mesh.coord(Axis::Tp);
-            let color = u32::try_from(color).map_err(|_| Error::config("the mesh is too large"))?;
-            let key = i32::try_from(rank).map_err(|_| Error::config("the mesh is too large"))?;
-            let comm = mesh.world().split(mine.then_some(color), key)?;
-            if let Some(comm) = comm {
+            if let Some(comm) = mesh.subgroup(Axis::Pp, &|c| c == owner || c == user, None)? {
                 let slot = model.params().slots().iter().find(|s| s.param.name() == name.as_str());
                 let slot = slot.ok_or_else(|| Error::internal(format!("{name} is not held by its stage")))?;
                 ties.push(Tie { range: slot.range(), comm });
@@ -257,14 +253,20 @@ impl Pipeline {
         Ok((loss, value))
     }
 
-    /// After the data-parallel reduction: sums the gradients of parameters two stages hold
-    /// between them, and gives every stage the step's loss (known on the last stage).
-    pub fn finish_step(&self, grads: &mut Chunks, loss: f64) -> Result<f64> {
+    /// Sums the gradients of parameters two stages hold between them, in this rank's full
+    /// flat `grads` (collective over each pair of stages that shares a parameter).
+    pub fn sum_shared(&self, grads: &mut Chunks) -> Result<()> {
         for tie in &self.ties {
             let mut g = grads.get(tie.range.clone())?;
             tie.comm.all_reduce(&mut g, ReduceOp::Sum)?;
             grads.set(tie.range.start, &g)?;
         }
+        Ok(())
+    }
+
+    /// Gives every stage the step's `loss` (known on the last stage, zero on the others):
+    /// the sum over the pipeline group.
+    pub fn total_loss(&self, loss: f64) -> Result<f64> {
         let mut total = [loss];
         self.comm.all_reduce(&mut total, ReduceOp::Sum)?;
         Ok(total[0])

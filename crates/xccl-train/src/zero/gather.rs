@@ -12,15 +12,14 @@ use xccl::Communicator;
 use super::UnitWork;
 use super::layout::ShardLayout;
 use crate::error::{Error, Result};
-use crate::model::{Model, Residency};
+use crate::model::Model;
 
-/// Gathers and frees the parameters of the blocks of one rank's model.
+/// Gathers and frees the parameters of the blocks of one rank's model. Its methods take the
+/// [`ShardLayout`] it was made for and this rank's shard of the parameters as they are at
+/// the time (the optimiser updates the shard between steps).
 pub(crate) struct Gatherer<'a> {
     comm: &'a Communicator,
-    layout: &'a ShardLayout,
     model: &'a Model,
-    /// This rank's shard of the parameters.
-    shard: &'a [f32],
     /// For each block, the units whose parameters it uses (its own, and an earlier block's
     /// it shares).
     needs: Vec<Vec<usize>>,
@@ -34,13 +33,8 @@ pub(crate) struct Gatherer<'a> {
 
 impl<'a> Gatherer<'a> {
     /// A gatherer over `comm` (the data-parallel group) for `model`'s parameters, cut by
-    /// `layout`, this rank holding `shard`. Every parameter is expected released.
-    pub fn new(
-        comm: &'a Communicator,
-        layout: &'a ShardLayout,
-        model: &'a Model,
-        shard: &'a [f32],
-    ) -> Result<Self> {
+    /// `layout`. Every parameter is expected released.
+    pub fn new(comm: &'a Communicator, layout: &ShardLayout, model: &'a Model) -> Gatherer<'a> {
         let set = model.params();
         let mut needs = Vec::with_capacity(model.blocks().len());
         for block in 0..model.blocks().len() {
@@ -53,31 +47,29 @@ impl<'a> Gatherer<'a> {
             units.dedup();
             needs.push(units);
         }
-        Ok(Gatherer {
+        Gatherer {
             comm,
-            layout,
             model,
-            shard,
             needs,
             in_flight: BTreeMap::new(),
             resident: vec![false; layout.units().len()],
             peak: 0,
-        })
+        }
     }
 
-    fn launch(&mut self, u: usize) {
+    fn launch(&mut self, layout: &ShardLayout, shard: &[f32], u: usize) {
         if self.resident[u] || self.in_flight.contains_key(&u) {
             return;
         }
-        let unit = &self.layout.units()[u];
-        let mine = self.shard[self.layout.shard_range(u)].to_vec();
+        let unit = &layout.units()[u];
+        let mine = shard[layout.shard_range(u)].to_vec();
         let work = self.comm.all_gather_v_async(mine, vec![0.0; unit.range.len()], &unit.counts);
         self.in_flight.insert(u, work);
-        self.note_working_set();
+        self.note_working_set(layout);
     }
 
-    fn note_working_set(&mut self) {
-        let units = self.layout.units();
+    fn note_working_set(&mut self, layout: &ShardLayout) {
+        let units = layout.units();
         let held: usize = (0..units.len())
             .filter(|u| self.resident[*u] || self.in_flight.contains_key(u))
             .map(|u| units[u].range.len())
@@ -86,31 +78,31 @@ impl<'a> Gatherer<'a> {
     }
 
     /// Puts unit `u`'s full parameters into the model (waiting for its gather).
-    fn materialise(&mut self, u: usize) -> Result<()> {
+    fn materialise(&mut self, layout: &ShardLayout, shard: &[f32], u: usize) -> Result<()> {
         if self.resident[u] {
             return Ok(());
         }
-        self.launch(u);
+        self.launch(layout, shard, u);
         let work = self.in_flight.remove(&u).ok_or_else(|| Error::internal("gather lost"))?;
         let (_, full) = work.wait()?;
-        self.model.params().write_range(self.layout.units()[u].range.start, &full)?;
+        self.model.params().write_range(layout.units()[u].range.start, &full)?;
         self.resident[u] = true;
         Ok(())
     }
 
     /// Frees every parameter (between steps, or after a failure).
-    pub fn release_all(&mut self) -> Result<()> {
+    pub fn release_all(&mut self, layout: &ShardLayout) -> Result<()> {
         for u in 0..self.resident.len() {
-            self.release(u)?;
+            self.release(layout, u)?;
         }
         Ok(())
     }
 
-    fn release(&mut self, u: usize) -> Result<()> {
+    fn release(&mut self, layout: &ShardLayout, u: usize) -> Result<()> {
         if !self.resident[u] {
             return Ok(());
         }
-        let range = self.layout.units()[u].range.clone();
+        let range = layout.units()[u].range.clone();
         for slot in self.model.params().slots() {
             if range.contains(&slot.offset) {
                 slot.param.release()?;
@@ -128,25 +120,32 @@ impl<'a> Gatherer<'a> {
         }
         Ok(())
     }
-}
 
-impl Residency for Gatherer<'_> {
-    fn fetch(&mut self, k: usize, next: Option<usize>) -> Result<()> {
+    /// Block `k` is about to run: its parameters put into the model (waiting for their
+    /// gathers), those of `next`, the block that runs after it, launched (prefetch).
+    pub fn fetch(
+        &mut self,
+        layout: &ShardLayout,
+        shard: &[f32],
+        k: usize,
+        next: Option<usize>,
+    ) -> Result<()> {
         for u in self.needs[k].clone() {
-            self.materialise(u)?;
+            self.materialise(layout, shard, u)?;
         }
         if let Some(n) = next {
             for u in self.needs[n].clone() {
-                self.launch(u);
+                self.launch(layout, shard, u);
             }
         }
-        self.note_working_set();
+        self.note_working_set(layout);
         Ok(())
     }
 
-    fn evict(&mut self, k: usize) -> Result<()> {
+    /// Block `k` is done with its parameters: freed.
+    pub fn evict(&mut self, layout: &ShardLayout, k: usize) -> Result<()> {
         for u in self.needs[k].clone() {
-            self.release(u)?;
+            self.release(layout, u)?;
         }
         Ok(())
     }

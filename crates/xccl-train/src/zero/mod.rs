@@ -11,7 +11,7 @@
 //! Who owns what is one structure, [`layout::ShardLayout`]: each block's elements cut into
 //! `N` slices. One step on each rank of the group:
 //!
-//! 1. Gradients of this rank's share, block by block ([`Context::gradients`]). Stage 1
+//! 1. Gradients of this rank's share, block by block (the loop, `train_loop`). Stage 1
 //!    keeps a full gradient buffer and, once the last micro-batch's backward has finished
 //!    a block, reduce-scatters the block's gradient (`reduce_scatter_v`, its slices'
 //!    counts) while earlier blocks are still in backward, as DDP overlaps its all-reduce.
@@ -28,9 +28,14 @@
 //!
 //! Communication per step is DDP's for stages 1 and 2 (a reduce-scatter and an all-gather
 //! are one all-reduce) and 1.5 times it for stage 3 (parameters are gathered twice).
+//!
+//! `Zero` is a `Strategy`: step 1 is its block hooks (stage 3's gathers before and after
+//! each block, the reduce-scatters as blocks finish) and its reduction (`reduce`), steps 2
+//! and 3 its optimiser step.
 
 pub mod gather;
 pub mod layout;
+mod reduce;
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -42,93 +47,18 @@ use crate::checkpoint::Source;
 pub use crate::config::ZeroConfig;
 use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
+use crate::model::Model;
 use crate::optim::Optimizer;
-use crate::params::{Chunks, Shard};
-use crate::run::{Context, Done, Finish, Observer, Start};
+use crate::params::{Chunks, ParamSet, Shard};
+use crate::run::{Context, Start};
+use crate::strategy::{Begin, Final, Reduced, Strategy};
 use crate::trace::{Kind, Trace};
 use gather::Gatherer;
 use layout::ShardLayout;
+use reduce::Reducer;
 
 /// A collective in flight over a unit: it gives back its input and its output.
 pub(crate) type UnitWork = Work<(Vec<f32>, Vec<f32>)>;
-
-/// Reduce-scatters allowed in flight before the oldest is waited for (stages 2 and 3: each
-/// holds a block's full gradient until it completes).
-const IN_FLIGHT: usize = 2;
-
-/// The reduction of a step's gradients into this rank's slices.
-struct Reducer<'a> {
-    comm: &'a Communicator,
-    layout: &'a ShardLayout,
-    /// Stage 1 keeps its full gradient chunks; 2 and 3 free them once reduced.
-    keep_full: bool,
-    /// Launch during backward (else everything at the end of the step).
-    overlap: bool,
-    launched: Vec<bool>,
-    pending: VecDeque<(usize, UnitWork)>,
-    /// This rank's slice of the summed gradient, in shard order.
-    shard: Vec<f32>,
-}
-
-impl Reducer<'_> {
-    /// The backward of a micro-batch finished block `k` and every later one.
-    fn block_done(&mut self, k: usize, grads: &mut Chunks, last: bool) -> Result<()> {
-        if !self.overlap || (self.keep_full && !last) {
-            return Ok(());
-        }
-        for u in (0..self.layout.units().len()).rev() {
-            if self.layout.units()[u].block >= k && !self.launched[u] {
-                self.launch(u, grads)?;
-            }
-        }
-        if self.launched.iter().all(|&l| l) && !last {
-            // The next micro-batch starts over.
-            self.launched.fill(false);
-        }
-        Ok(())
-    }
-
-    fn launch(&mut self, u: usize, grads: &mut Chunks) -> Result<()> {
-        let counts = &self.layout.units()[u].counts;
-        let full = grads.take(u);
-        let full = if full.is_empty() { vec![0.0; grads.range(u).len()] } else { full };
-        let out = vec![0.0; counts[self.layout.rank()]];
-        self.pending.push_back((u, self.comm.reduce_scatter_v_async(full, out, counts, ReduceOp::Sum)));
-        self.launched[u] = true;
-        while !self.keep_full && self.pending.len() > IN_FLIGHT {
-            self.complete_oldest(grads)?;
-        }
-        Ok(())
-    }
-
-    fn complete_oldest(&mut self, grads: &mut Chunks) -> Result<()> {
-        let Some((u, work)) = self.pending.pop_front() else { return Ok(()) };
-        let (full, slice) = work.wait()?;
-        for (s, g) in self.shard[self.layout.shard_range(u)].iter_mut().zip(&slice) {
-            *s += g;
-        }
-        if self.keep_full {
-            grads.put(u, full)?;
-        }
-        Ok(())
-    }
-
-    /// Launches whatever is left (a rank with no rows ran no backward; stage 1 in a
-    /// pipeline reduces at the end) and waits for everything; returns the time it waited.
-    fn finish(&mut self, grads: &mut Chunks) -> Result<Duration> {
-        for u in (0..self.layout.units().len()).rev() {
-            if !self.launched[u] {
-                self.launch(u, grads)?;
-            }
-        }
-        let t0 = Instant::now();
-        while !self.pending.is_empty() {
-            self.complete_oldest(grads)?;
-        }
-        self.launched.fill(false);
-        Ok(t0.elapsed())
-    }
-}
 
 /// Bytes this rank holds for parameters, gradients and optimiser state between steps.
 fn held(stage: u8, local: usize, shard: usize, optimizer: &Optimizer) -> [u64; 3] {
@@ -141,142 +71,176 @@ fn held(stage: u8, local: usize, shard: usize, optimizer: &Optimizer) -> [u64; 3
     }
 }
 
-/// One rank's ZeRO state between steps: its slices of the optimiser state, of the
-/// gradient and (stage 3) of the parameters.
-pub(crate) struct Zero {
-    config: ZeroConfig,
+/// One rank's ZeRO state: its slices of the optimiser state, of the gradient and (stage 3)
+/// of the parameters, the reduction and (stage 3) the gathers of each step.
+pub(crate) struct Zero<'a> {
+    dp: &'a Communicator,
+    model: &'a Model,
+    stage: u8,
     layout: ShardLayout,
-    first: u64,
-    losses: Vec<(u64, f64)>,
     optimizer: Optimizer,
+    /// Stage 3: this rank's slices of the parameters (empty otherwise).
     shard_params: Vec<f32>,
-    grads: Chunks,
-    shard_grads: Vec<f32>,
+    reducer: Reducer,
+    /// Stage 3: the gathers of the blocks' parameters.
+    gatherer: Option<Gatherer<'a>>,
+    /// Stage 3: the most full parameter elements present at once in any step.
+    working_set: usize,
 }
 
-impl Zero {
+impl<'a> Zero<'a> {
     /// Cuts this rank's slices out of where the run starts; at stage 3 the model's
     /// parameters are then freed (the gathers of each step bring them back block by block).
-    pub fn new(cx: &Context, config: ZeroConfig, start: Start) -> Result<Zero> {
+    pub fn new(cx: &Context<'a>, config: ZeroConfig, start: Start) -> Result<Zero<'a>> {
         let (dp, model) = (cx.mesh.dp(), cx.model);
         let set = model.params();
         let layout = ShardLayout::new(set, model.blocks().len(), dp.size(), dp.rank());
-        let Start { step: first, params, optimizer, losses } = start;
+        let Start { params, optimizer, .. } = start;
         let state = optimizer.state().iter().map(|s| layout.shard_of(s)).collect();
         let optimizer = Optimizer::restore(*optimizer.config(), optimizer.steps(), state)?;
-        let shard_params = if config.stage == 3 { layout.shard_of(&params) } else { Vec::new() };
+        let stage3 = config.stage == 3;
+        let shard_params = if stage3 { layout.shard_of(&params) } else { Vec::new() };
         drop(params);
-        let lens: Vec<usize> = layout.units().iter().map(|u| u.range.len()).collect();
-        let grads = if config.stage == 1 { Chunks::new(&lens) } else { Chunks::vacant(&lens) };
-        if config.stage == 3 {
+        if stage3 {
             for slot in set.slots() {
                 slot.param.release()?;
             }
         }
-        let shard_grads = vec![0.0; layout.shard_len()];
-        Ok(Zero { config, layout, first, losses, optimizer, shard_params, grads, shard_grads })
+        // Stage 1 keeps the full gradient and, in a pipeline, reduces it only at the end,
+        // after the shared parameters' gradients are summed between stages.
+        let overlap = config.stage > 1 || cx.pipeline.is_none();
+        let reducer = Reducer::new(dp.clone(), &layout, config.stage == 1, overlap);
+        let gatherer = stage3.then(|| Gatherer::new(dp, &layout, model));
+        Ok(Zero {
+            dp,
+            model,
+            stage: config.stage,
+            layout,
+            optimizer,
+            shard_params,
+            reducer,
+            gatherer,
+            working_set: 0,
+        })
     }
 }
 
-/// The ZeRO loop over the data-parallel group.
-pub(crate) fn run(
-    cx: &Context,
-    zero: Zero,
-    trace: &mut Trace,
-    observer: &mut dyn Observer,
-) -> Result<Finish> {
-    let dp = cx.mesh.dp();
-    let model = cx.model;
-    let set = model.params();
-    let Zero { config, layout, first, losses, mut optimizer, mut shard_params, mut grads, mut shard_grads } =
-        zero;
-    let stage3 = config.stage == 3;
-    let mut done = Done { losses, ..Done::default() };
-    let mut working_set = 0;
-    let mut saver = cx.saver()?;
-    for step in first..cx.config.steps {
-        let t0 = Instant::now();
-        let (share, norm) = trace.span(|| "data".into(), || cx.share(step, dp.rank(), dp.size()));
-        grads.zero();
-        shard_grads.fill(0.0);
-        let mut reducer = Reducer {
-            comm: dp,
-            layout: &layout,
-            keep_full: config.stage == 1,
-            overlap: config.stage > 1 || cx.pipeline.is_none(),
-            launched: vec![false; layout.units().len()],
-            pending: VecDeque::new(),
-            shard: std::mem::take(&mut shard_grads),
-        };
-        let mut gatherer = match stage3 {
-            true => Some(Gatherer::new(dp, &layout, model, &shard_params)?),
-            false => None,
-        };
-        let residency = gatherer.as_mut().map(|g| g as &mut dyn crate::model::Residency);
-        let (local, pipe) = cx.gradients(&share, norm, &mut grads, trace, residency, |k, g, last| {
-            reducer.block_done(k, g, last)
-        })?;
-        if let Some(g) = &mut gatherer {
-            g.drain()?;
-            g.release_all()?;
-            working_set = working_set.max(g.peak);
+/// ZeRO's hooks: stage 3's gathers around each block, each block's gradient
+/// reduce-scattered as it finishes, the optimiser over this rank's slices.
+impl Strategy for Zero<'_> {
+    fn gradient_buffer(&self) -> Chunks {
+        let lens: Vec<usize> = self.layout.units().iter().map(|u| u.range.len()).collect();
+        // Stages 2 and 3 allocate a block's chunk when backward first adds to it.
+        if self.stage == 1 { Chunks::new(&lens) } else { Chunks::vacant(&lens) }
+    }
+
+    fn begin_step(&mut self, _: &Context, _: u64, _: &mut Trace) -> Result<Begin> {
+        self.reducer.reset();
+        Ok(Begin { worker: (self.dp.rank(), self.dp.size()), wait: Duration::ZERO, version: None })
+    }
+
+    fn releases_params(&self) -> bool {
+        self.gatherer.is_some()
+    }
+
+    fn before_block(&mut self, k: usize, next: Option<usize>) -> Result<()> {
+        match &mut self.gatherer {
+            Some(g) => g.fetch(&self.layout, &self.shard_params, k, next),
+            None => Ok(()),
         }
-        drop(gatherer);
-        // The pipeline's shared parameters are summed between stages on the full
-        // gradients, before they are reduce-scattered (stage 1 then reduces at the end).
-        let local = cx.finish_step(&mut grads, local)?;
+    }
+
+    fn after_block(&mut self, k: usize) -> Result<()> {
+        match &mut self.gatherer {
+            Some(g) => g.evict(&self.layout, k),
+            None => Ok(()),
+        }
+    }
+
+    fn block_done(&mut self, k: usize, grads: &mut Chunks, last: bool) -> Result<()> {
+        self.reducer.block_done(&self.layout, k, grads, last)
+    }
+
+    fn reduce(&mut self, cx: &Context, grads: &mut Chunks, loss: f64, trace: &mut Trace) -> Result<Reduced> {
+        if let Some(g) = &mut self.gatherer {
+            g.drain()?;
+            g.release_all(&self.layout)?;
+            self.working_set = self.working_set.max(g.peak);
+        }
+        // The pipeline's shared parameters are summed between stages on the full local
+        // gradients: once reduce-scattered, the two stages' slices of them differ.
+        cx.sum_shared(grads)?;
         let w0 = Instant::now();
-        let total = dp.all_reduce_async(vec![local], ReduceOp::Sum);
-        let wait = reducer.finish(&mut grads)?;
+        let total = self.dp.all_reduce_async(vec![loss], ReduceOp::Sum);
+        let wait = self.reducer.finish(&self.layout, grads)?;
         let loss = total.wait()?[0];
         trace.record(Kind::Wait, "wait reduce-scatter".into(), w0, w0 + wait);
-        shard_grads = reducer.shard;
-        trace.span(
-            || "optimizer".into(),
-            || step_shards(cx, &layout, &mut optimizer, &mut shard_params, &shard_grads, stage3),
-        )?;
-        let sent = cx.step_comm(trace);
-        cx.end_step((step, t0, wait, sent), pipe, loss, &mut done, observer);
-        if cx.checkpoint_due(step + 1) {
-            let snap = snapshot(cx, &layout, &optimizer, &shard_params, stage3, step + 1, &done.losses)?;
-            trace.span(|| "checkpoint".into(), || cx.submit(&mut saver, snap))?;
+        Ok(Reduced { loss: Some(loss), wait })
+    }
+
+    fn optimizer_step(&mut self, _: &Context, _: &Chunks) -> Result<()> {
+        let shard_grads = &self.reducer.shard;
+        let set = self.model.params();
+        let (layout, optimizer, dp) = (&self.layout, &mut self.optimizer, self.dp);
+        match self.stage {
+            3 => step_shard(layout, optimizer, &mut self.shard_params, shard_grads),
+            _ => step_and_gather(dp, set, layout, optimizer, shard_grads),
         }
     }
-    if let Some(s) = &mut saver {
-        s.wait()?;
+
+    fn snapshot(&self, cx: &Context, step: u64, losses: &[(u64, f64)]) -> Result<Option<Snapshot>> {
+        snapshot(
+            cx,
+            &self.layout,
+            &self.optimizer,
+            self.gatherer.as_ref().map(|_| &self.shard_params[..]),
+            step,
+            losses,
+        )
+        .map(Some)
     }
-    let mut held = held(config.stage, set.len(), layout.shard_len(), &optimizer);
-    if stage3 {
-        held[0] += 4 * working_set as u64;
+
+    fn finish(&mut self, _: &Context, _: &mut Trace) -> Result<Final> {
+        let set = self.model.params();
+        let mut held = held(self.stage, set.len(), self.layout.shard_len(), &self.optimizer);
+        held[0] += 4 * self.working_set as u64;
+        // The final parameters, whole on every rank of the group.
+        let params = match self.gatherer {
+            Some(_) => gather_all(self.dp, &self.layout, &self.shard_params)?,
+            None => set.read()?,
+        };
+        Ok(Final { params, held, role: "worker" })
     }
-    // The final parameters, whole on every rank of the group.
-    let params = match stage3 {
-        true => gather_all(dp, &layout, &shard_params)?,
-        false => set.read()?,
-    };
-    let Done { steps, losses, peak_rss, timeline } = done;
-    Ok(Finish { params, steps, losses, role: "worker", peak_rss, timeline, held })
 }
 
-/// The optimiser's step over this rank's slices, then (stages 1 and 2) every block's
-/// updated slices all-gathered into the model's parameters, two blocks in flight.
-fn step_shards(
-    cx: &Context,
+/// Stage 3: the optimiser's step over this rank's slices of the parameters.
+fn step_shard(
     layout: &ShardLayout,
     optimizer: &mut Optimizer,
-    shard_params: &mut [f32],
-    shard_grads: &[f32],
-    stage3: bool,
+    params: &mut [f32],
+    grads: &[f32],
 ) -> Result<()> {
-    let (dp, set) = (cx.mesh.dp(), cx.model.params());
+    optimizer.begin_step();
+    for u in 0..layout.units().len() {
+        let sr = layout.shard_range(u);
+        optimizer.update(sr.start, &mut params[sr.clone()], &grads[sr])?;
+    }
+    Ok(())
+}
+
+/// Stages 1 and 2: the optimiser's step over this rank's slices of the model's parameters,
+/// every block's updated slices all-gathered into them, two blocks in flight.
+fn step_and_gather(
+    dp: &Communicator,
+    set: &ParamSet,
+    layout: &ShardLayout,
+    optimizer: &mut Optimizer,
+    shard_grads: &[f32],
+) -> Result<()> {
     optimizer.begin_step();
     let mut gathers = VecDeque::new();
     for (u, unit) in layout.units().iter().enumerate() {
         let sr = layout.shard_range(u);
-        if stage3 {
-            optimizer.update(sr.start, &mut shard_params[sr.clone()], &shard_grads[sr])?;
-            continue;
-        }
         let mut mine = set.read_range(layout.owned(u))?;
         optimizer.update(sr.start, &mut mine, &shard_grads[sr])?;
         gathers.push_back((
@@ -293,21 +257,21 @@ fn step_shards(
     Ok(())
 }
 
-fn write_back(set: &crate::params::ParamSet, gather: Option<(usize, UnitWork)>) -> Result<()> {
+fn write_back(set: &ParamSet, gather: Option<(usize, UnitWork)>) -> Result<()> {
     let (at, work) = gather.ok_or_else(|| Error::internal("no gather to wait for"))?;
     let (_, full) = work.wait()?;
     set.write_range(at, &full)
 }
 
-/// What this rank writes to a checkpoint: its slices of the parameters and of the
-/// optimiser state (a piece every rank of the tensor-parallel group holds whole only from
-/// the group's first rank; a pipeline's mirrors from their owner), copied now.
+/// What this rank writes to a checkpoint: its slices of the parameters (stage 3: of
+/// `shard_params`; else read from the model) and of the optimiser state (a piece every rank
+/// of the tensor-parallel group holds whole only from the group's first rank; a pipeline's
+/// mirrors from their owner), copied now.
 fn snapshot(
     cx: &Context,
     layout: &ShardLayout,
     optimizer: &Optimizer,
-    shard_params: &[f32],
-    stage3: bool,
+    shard_params: Option<&[f32]>,
     step: u64,
     losses: &[(u64, f64)],
 ) -> Result<Snapshot> {
@@ -322,10 +286,10 @@ fn snapshot(
         })
         .collect();
     let at = |r: Range<usize>| layout.in_shard(r).ok_or_else(|| Error::internal("a piece outside the shard"));
-    let values = |source: Source, r: Range<usize>| match source {
-        Source::Params if stage3 => Ok(shard_params[at(r)?].to_vec()),
-        Source::Params => set.read_range(r),
-        Source::State(i) => Ok(optimizer.state()[i][at(r)?].to_vec()),
+    let values = |source: Source, r: Range<usize>| match (source, shard_params) {
+        (Source::Params, Some(shard)) => Ok(shard[at(r)?].to_vec()),
+        (Source::Params, None) => set.read_range(r),
+        (Source::State(i), _) => Ok(optimizer.state()[i][at(r)?].to_vec()),
     };
     cx.snapshot(step, &parts, values, optimizer.steps(), losses)
 }
