@@ -7,6 +7,7 @@
 //! - [`check`]: proves a schedule free of deadlock, its sends and receives matched, every
 //!   backward after its forward, the activations held within the schedule's bound, and its
 //!   bubble equal to the closed form (`xccl verify` runs it over every shape).
+//! - [`violation`]: what the checker reports: a schedule's figures, or what is wrong with it.
 //! - [`stages`]: which blocks each stage (or chunk) holds.
 //! - [`execute`]: runs a schedule on one rank's part of the model.
 //!
@@ -18,6 +19,7 @@ pub mod check;
 pub mod execute;
 pub mod schedule;
 pub mod stages;
+pub mod violation;
 
 use std::time::Instant;
 

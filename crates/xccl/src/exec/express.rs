@@ -3,7 +3,7 @@
 //! unusual hands the step, as it stands, to the general loop.
 
 use super::Engine;
-use super::inbound::Target;
+use super::reading::Target;
 use super::task::{Act, StepRun};
 use crate::error::{Error, Result};
 use crate::frame::{self, FrameKind, HEADER_LEN, Header};

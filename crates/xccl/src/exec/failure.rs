@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::inbound::Inbound;
+use super::reading::Inbound;
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
 use crate::error::{Error, Result};

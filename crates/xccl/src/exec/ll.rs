@@ -11,7 +11,7 @@
 //! LL message or the reverse, and says so.
 
 use super::failure::lost;
-use super::inbound::Inbound;
+use super::reading::Inbound;
 use super::task::{Act, Label, StepRun, fold};
 use super::{Ctx, Engine};
 use crate::algo::Algorithm;

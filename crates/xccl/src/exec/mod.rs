@@ -11,7 +11,8 @@
 //! | `express.rs` | the express lane for steps of small messages |
 //! | `ll.rs` | the LL protocol: small messages through the links' LL channels |
 //! | `outbound.rs` | frames to a peer: streamed segments, pull descriptors, what is owed; `Peer::write_out` writes the frame in progress as far as the link takes it |
-//! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits; `Inbound::fill` reads a header, control payload or padding as far as the link gives it |
+//! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits |
+//! | `reading.rs` | where reading a peer's stream stands (`Inbound`); `Inbound::fill` reads a header, control payload or padding as far as the link gives it |
 //! | `scripted.rs` | (tests) a link that cuts its stream wherever a test says, for the per-peer machines' unit tests |
 //! | `p2p.rs` | point-to-point matching and the stash of early messages |
 //! | `failure.rs` | aborts, lost peers, timeouts |
@@ -32,6 +33,7 @@ mod outbound;
 mod p2p;
 mod peer;
 mod plan;
+mod reading;
 #[cfg(test)]
 mod scripted;
 mod step;

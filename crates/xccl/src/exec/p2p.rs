@@ -3,7 +3,7 @@
 //! posted waits in the [`Stash`], within a byte budget.
 
 use super::Engine;
-use super::inbound::Target;
+use super::reading::Target;
 use super::task::{Act, Label, Span, StepRun, Task};
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -4,8 +4,8 @@
 
 use std::collections::VecDeque;
 
-use super::inbound::{Inbound, Target};
 use super::outbound::{Body, OutFrame};
+use super::reading::{Inbound, Target};
 use crate::protocol::LinkFacts;
 use crate::transport::Link;
 use crate::transport::pull::Pull;

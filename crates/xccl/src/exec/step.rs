@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::inbound::{Inbound, Target};
 use super::p2p::P2pFeed;
 use super::plan::{Compiling, Plan};
+use super::reading::{Inbound, Target};
 use super::task::{Span, StepBufs, StepRun};
 use super::{Bufs, Ctx, Engine, failure};
 use crate::error::{Error, Result};
