@@ -5,6 +5,8 @@
 #
 #   bash bench/train_vs_torch.sh [REPS]                    (default 3 repetitions)
 #   CONFIGS="128x2 256x4" STEPS=300 OUT=/tmp/x bash bench/train_vs_torch.sh 1
+#   BEFORE=/path/to/old/xccl bash bench/train_vs_torch.sh 5   (also an older build, in turn
+#                                        with this one: the summary gives after / before)
 #
 # CONFIGS lists WIDTHxLAYERS (4 heads, 3-digit sums, batch 64, AdamW); the first is the
 # default model of `xccl train`. Every command runs under the peers' prio_run.sh (own
@@ -37,10 +39,18 @@ for rep in $(seq 1 "$REPS"); do
     # shellcheck disable=SC2086
     $RUN "$PY" "$HERE/train_vs_torch.py" --dp 2 --width "$width" --layers "$layers" --heads 4 \
       --batch 64 --steps "$STEPS" --out "$OUT/torch_${cfg}_r$rep.json" > "$OUT/torch_${cfg}_r$rep.log" 2>&1
-    rm -rf "$OUT/xccl_${cfg}_r$rep"
-    # shellcheck disable=SC2086
-    $RUN "$XCCL" train --dp 2 --width "$width" --layers "$layers" --heads 4 --batch 64 --steps "$STEPS" \
-      --out "$OUT/xccl_${cfg}_r$rep" > "$OUT/xccl_${cfg}_r$rep.log" 2>&1
+    # This build and, with BEFORE, the older one, first one then the other in turn.
+    builds="xccl:$XCCL"
+    if [ -n "${BEFORE:-}" ]; then
+      if [ $((rep % 2)) -eq 1 ]; then builds="before:$BEFORE $builds"; else builds="$builds before:$BEFORE"; fi
+    fi
+    for b in $builds; do
+      name="${b%%:*}"; bin="${b#*:}"
+      rm -rf "$OUT/${name}_${cfg}_r$rep"
+      # shellcheck disable=SC2086
+      $RUN "$bin" train --dp 2 --width "$width" --layers "$layers" --heads 4 --batch 64 --steps "$STEPS" \
+        --out "$OUT/${name}_${cfg}_r$rep" > "$OUT/${name}_${cfg}_r$rep.log" 2>&1
+    done
   done
 done
 "$PY" "$HERE/summarize_train.py" "$OUT" > "$OUT/summary.md"
