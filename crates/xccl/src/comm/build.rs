@@ -148,7 +148,7 @@ impl Communicator {
         let stream = Stream::start(group.rank, engine, flight)?;
         let plans = Mutex::new(Plans::default());
         let backend = Backend::Native(Native { stream, fabric, plans });
-        Ok(Communicator { inner: Arc::new(Inner { backend, group, config }) })
+        Ok(Communicator { inner: Arc::new(Inner { backend, group, config, max_tag: u32::MAX }) })
     }
 
     /// A communicator of every process of the MPI job this process belongs to (started by
@@ -167,7 +167,7 @@ impl Communicator {
     #[cfg(feature = "mpi")]
     pub fn mpi_world_with(config: Config) -> Result<Communicator> {
         let (comm, group) = mpi::MpiComm::world()?;
-        Ok(Communicator { inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }) })
+        Ok(Communicator { inner: Arc::new(Inner::mpi(comm, group, config)) })
     }
 
     /// `n` communicators of one group whose ranks are threads of this process; hand one to
@@ -354,9 +354,7 @@ impl Communicator {
         #[cfg(feature = "mpi")]
         if let Backend::Mpi(m) = &self.inner.backend {
             let (comm, group) = m.dup(&self.inner.group)?;
-            return Ok(Communicator {
-                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
-            });
+            return Ok(Communicator { inner: Arc::new(Inner::mpi(comm, group, config)) });
         }
         self.split_with(Some(0), 0, config)?
             .ok_or_else(|| Error::Internal("a rank left out of its own duplicate".into()))
@@ -366,9 +364,9 @@ impl Communicator {
         #[cfg(feature = "mpi")]
         if let Backend::Mpi(m) = &self.inner.backend {
             let made = m.split(&self.inner.group, color, key)?;
-            return Ok(made.map(|(comm, group)| Communicator {
-                inner: Arc::new(Inner { backend: Backend::Mpi(comm), group, config }),
-            }));
+            return Ok(
+                made.map(|(comm, group)| Communicator { inner: Arc::new(Inner::mpi(comm, group, config)) })
+            );
         }
         let fabric = &self.native()?.fabric;
         let mine = [color.map_or(-1, i64::from), i64::from(key)];

@@ -6,6 +6,7 @@
 mod build;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod native;
 mod ops;
 mod plans;
 mod probe;
@@ -18,7 +19,7 @@ use plans::{PlanArgs, Plans};
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, P2p, Plan};
+use crate::exec::{Bufs, Engine, P2p, Plan};
 use crate::stream::{JobOp, Stream};
 use crate::work::{Completion, Event, OpSpan, Work};
 
@@ -45,13 +46,24 @@ pub struct Communicator {
 }
 
 struct Inner {
-    // Dropped first: joins the progress thread or the MPI worker.
+    // Dropped first: joins the progress thread.
     backend: Backend,
     group: Group,
     config: Config,
+    /// The largest message tag the backend accepts.
+    max_tag: u32,
 }
 
-/// What runs a communicator's operations.
+#[cfg(feature = "mpi")]
+impl Inner {
+    /// A communicator of MPI's communicator `comm`.
+    fn mpi(comm: mpi::MpiComm, group: Group, config: Config) -> Inner {
+        Inner { max_tag: comm.tag_ub, backend: Backend::Mpi(comm), group, config }
+    }
+}
+
+/// A communicator's stream, and what only its backend has: how a collective is planned, how
+/// the communicator is split.
 enum Backend {
     /// xccl's own engine.
     Native(Native),
@@ -63,7 +75,7 @@ enum Backend {
 /// The native backend: the stream, how links are made, the plans.
 struct Native {
     // Dropped first: joins the progress thread, which closes the links.
-    stream: Stream,
+    stream: Stream<Engine>,
     fabric: Fabric,
     /// Plans of the collectives called so far, so that a repeated call builds nothing.
     plans: Mutex<Plans>,
@@ -76,6 +88,24 @@ enum Call {
     /// The MPI call.
     #[cfg(feature = "mpi")]
     Mpi(mpi::Coll),
+}
+
+/// Evaluates `$body` with `$s` bound to the stream of `$comm`, whichever its backend: the
+/// operations that are the same on every backend.
+macro_rules! on_stream {
+    ($comm:expr, $s:ident => $body:expr) => {
+        match &$comm.inner.backend {
+            Backend::Native(n) => {
+                let $s = &n.stream;
+                $body
+            }
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(m) => {
+                let $s = &m.stream;
+                $body
+            }
+        }
+    };
 }
 
 /// Who a communicator is.
@@ -142,17 +172,13 @@ impl Communicator {
     /// are not affected. On the MPI backend there is no way to stop a call in progress: this
     /// returns an error that says so.
     pub fn abort(&self, reason: &str) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Native(n) => {
-                n.stream.abort(reason);
-                Ok(())
-            }
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(_) => Err(Error::Config(
-                "abort: the MPI backend cannot stop an MPI call in progress; drop the communicator, or                  end the job (MPI_Abort)"
-                    .into(),
-            )),
+        if on_stream!(self, s => s.abort(reason)) {
+            return Ok(());
         }
+        Err(Error::Config(format!(
+            "abort: the {} backend cannot stop a call in progress; drop the communicator, or end the job",
+            self.backend()
+        )))
     }
 
     /// This rank's index in the group, `0..size()`.
@@ -178,31 +204,19 @@ impl Communicator {
     /// Starts recording when each operation of this communicator ran (or stops, dropping
     /// what was recorded); see [`Communicator::take_timeline`].
     pub fn record_timeline(&self, on: bool) {
-        match &self.inner.backend {
-            Backend::Native(n) => n.stream.record_timeline(on),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => m.record_timeline(on),
-        }
+        on_stream!(self, s => s.record_timeline(on));
     }
 
     /// The spans of the operations that finished since recording started or since the last
     /// call, oldest first. Empty when not recording.
     pub fn take_timeline(&self) -> Vec<OpSpan> {
-        match &self.inner.backend {
-            Backend::Native(n) => n.stream.take_timeline(),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => m.take_timeline(),
-        }
+        on_stream!(self, s => s.take_timeline())
     }
 
     /// An event that completes when every operation issued before it has completed.
     pub fn record_event(&self) -> Event {
         let done = Arc::new(Completion::default());
-        match &self.inner.backend {
-            Backend::Native(n) => n.stream.submit_unsequenced(JobOp::Marker, done.clone()),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => m.marker(done.clone()),
-        }
+        on_stream!(self, s => s.submit_unsequenced(JobOp::Marker, done.clone()));
         Event::new(done)
     }
 
@@ -216,21 +230,22 @@ impl Communicator {
         Ok(())
     }
 
-    /// Runs a collective on borrowed buffers; returns its sequence number (0 on the MPI
-    /// backend, whose operations have none).
+    /// Runs a collective on borrowed buffers; returns its sequence number.
     fn block_seq(&self, call: Result<Call>, bufs: Bufs) -> Result<u64> {
-        // Both backends return after the operation completed: the buffers behind `bufs`
-        // stay borrowed until then.
-        match (call?, &self.inner.backend) {
+        // The stream returns after the operation completed: the buffers behind `bufs` stay
+        // borrowed until then.
+        let (seq, result) = match (call?, &self.inner.backend) {
             (Call::Native(plan), Backend::Native(n)) => {
-                let (seq, result) = n.stream.run(|seq| JobOp::Coll { plan, seq, bufs });
-                result.map(|()| seq)
+                n.stream.run(|seq| JobOp::Task { task: native::Coll { plan, bufs }, seq })
             }
             #[cfg(feature = "mpi")]
-            (Call::Mpi(coll), Backend::Mpi(m)) => m.collective(coll, bufs).map(|()| 0),
+            (Call::Mpi(coll), Backend::Mpi(m)) => {
+                m.stream.run(|seq| JobOp::Task { task: mpi::Task::coll(coll, bufs), seq })
+            }
             #[cfg(feature = "mpi")]
-            _ => Err(Error::Internal("a collective planned for another backend".into())),
-        }
+            _ => return Err(Error::Internal("a collective planned for another backend".into())),
+        };
+        result.map(|()| seq)
     }
 
     fn block(&self, call: Result<Call>, bufs: Bufs) -> Result<()> {
@@ -248,17 +263,19 @@ impl Communicator {
         done.keep(Box::new(keep));
         match (call, &self.inner.backend) {
             (Call::Native(plan), Backend::Native(n)) => {
-                n.stream.submit(|seq| JobOp::Coll { plan, seq, bufs }, done.clone());
+                n.stream.submit(|seq| JobOp::Task { task: native::Coll { plan, bufs }, seq }, done.clone());
             }
             #[cfg(feature = "mpi")]
-            (Call::Mpi(coll), Backend::Mpi(m)) => m.spawn(coll, bufs, done.clone()),
+            (Call::Mpi(coll), Backend::Mpi(m)) => {
+                m.stream.submit(|seq| JobOp::Task { task: mpi::Task::coll(coll, bufs), seq }, done.clone());
+            }
             #[cfg(feature = "mpi")]
             _ => done.finish(Err(Error::Internal("a collective planned for another backend".into()))),
         }
         Work::new(done)
     }
 
-    fn p2p_check(&self, api: &'static str, peer: usize) -> Result<()> {
+    fn p2p_check(&self, api: &'static str, peer: usize, tag: u32) -> Result<()> {
         self.check_rank(api, "peer", peer)?;
         if peer == self.rank() {
             return Err(Error::invalid(
@@ -266,25 +283,25 @@ impl Communicator {
                 "a rank cannot send to or receive from itself; copy the data instead",
             ));
         }
+        if tag > self.inner.max_tag {
+            let msg = format!(
+                "tag {tag} is above the largest tag the {} backend accepts ({})",
+                self.backend(),
+                self.inner.max_tag
+            );
+            return Err(Error::invalid(api, msg));
+        }
         Ok(())
     }
 
     /// Runs one point-to-point message on borrowed memory, returning once it completed.
     fn p2p_block(&self, msg: P2p) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Native(n) => n.stream.run_unsequenced(JobOp::P2p { msg }),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => m.p2p(msg),
-        }
+        on_stream!(self, s => s.run_unsequenced(JobOp::P2p { msg }))
     }
 
     /// Queues one point-to-point message on memory parked in `done`; its outcome goes there.
     fn p2p_submit(&self, msg: P2p, done: Arc<Completion>) {
-        match &self.inner.backend {
-            Backend::Native(n) => n.stream.submit_unsequenced(JobOp::P2p { msg }, done),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi(m) => m.submit_p2p(msg, done),
-        }
+        on_stream!(self, s => s.submit_unsequenced(JobOp::P2p { msg }, done));
     }
 }
 

@@ -317,7 +317,7 @@ impl Communicator {
     /// another with the same tag arrive in order; a matching [`recv`](Self::recv) must ask
     /// for the same element type and count.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        self.p2p_check("send", peer)?;
+        self.p2p_check("send", peer, tag)?;
         // The receive side only reads through this pointer for a send.
         self.p2p_block(p2p(true, peer, tag, buf.as_ptr().cast_mut(), buf.len()))
     }
@@ -325,7 +325,7 @@ impl Communicator {
     /// Receives into `buf` the next message from rank `peer` with `tag`. Messages with
     /// other tags that arrive first are kept until asked for.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        self.p2p_check("recv", peer)?;
+        self.p2p_check("recv", peer, tag)?;
         self.p2p_block(p2p(false, peer, tag, buf.as_mut_ptr(), buf.len()))
     }
 
@@ -337,7 +337,7 @@ impl Communicator {
         peer: usize,
         tag: u32,
     ) -> Work<B> {
-        if let Err(e) = self.p2p_check(api, peer) {
+        if let Err(e) = self.p2p_check(api, peer, tag) {
             return Work::new(Completion::finished(Err(e)));
         }
         let mem = buf.as_mut_slice();

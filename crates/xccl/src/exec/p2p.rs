@@ -27,8 +27,9 @@ pub(crate) struct P2p {
 pub(crate) trait P2pFeed {
     /// Appends the messages issued since the last call.
     fn fetch(&mut self, into: &mut Vec<P2p>);
-    /// Message `index` has completed successfully.
-    fn complete(&mut self, index: usize);
+    /// Message `index` has completed, with `result` (an error for a message that failed
+    /// alone, where the backend fails messages singly: MPI).
+    fn complete(&mut self, index: usize, result: Result<()>);
 }
 
 /// A point-to-point message that arrived before its receive was posted.

@@ -96,7 +96,7 @@ impl Engine {
                 // Messages complete in any order; report each once.
                 for (i, t) in run.tasks.iter().enumerate().skip(reported) {
                     if t.complete && !t.reported {
-                        feed.complete(i);
+                        feed.complete(i, Ok(()));
                     }
                 }
                 for t in run.tasks.iter_mut().skip(reported) {

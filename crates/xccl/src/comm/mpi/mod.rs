@@ -4,7 +4,8 @@
 //!
 //! A communicator of this backend holds a duplicate of `MPI_COMM_WORLD` (or a split or
 //! duplicate of one) with `MPI_ERRORS_RETURN`, so that MPI's errors become [`Error`]s, and
-//! a worker thread that runs its operations in issue order (`worker.rs`). Arguments are
+//! a stream that runs its operations in issue order on its own thread (`backend.rs`: MPI as
+//! the stream's backend). Arguments are
 //! checked by the same code as for the native backend (`ops.rs`) before anything reaches
 //! MPI; each collective then becomes one MPI call ([`Coll::run`]).
 //!
@@ -12,31 +13,38 @@
 //! tuner); a lost rank is handled by mpirun, which ends the job, rather than by xccl's
 //! failure detection; operations have no deadline (`XCCL_TIMEOUT` does not apply).
 
+mod backend;
 mod env;
-mod worker;
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use mpi::ffi;
 
+use self::backend::MpiBackend;
+pub(super) use self::backend::Task;
 use self::env::Handle;
-use self::worker::Worker;
 use super::{Group, PlanArgs, hash_str, mix};
 use crate::algo::Shape;
 use crate::bootstrap::host;
 use crate::coll::CollKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, P2p};
+use crate::exec::Bufs;
+use crate::flight::{FlightConfig, Recorder};
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::Blocks;
-use crate::work::{Completion, OpSpan, SpanOp};
+use crate::stream::{JobOp, Stream};
+use crate::work::SpanOp;
 
-/// One MPI communicator and its worker.
+/// One MPI communicator and its stream.
 pub(super) struct MpiComm {
-    worker: Worker,
+    /// Runs the operations; dropping it waits for what was issued, then frees the
+    /// communicator.
+    pub stream: Stream<MpiBackend>,
+    /// The largest tag MPI accepts on this communicator.
+    pub tag_ub: u32,
     /// Splits and duplicates made of this communicator so far, counted in issue order (the
     /// same on every member).
     splits: Arc<AtomicU64>,
@@ -78,23 +86,18 @@ impl MpiComm {
         env::check(rc, || "MPI_Comm_dup(MPI_COMM_WORLD)".into())?;
         let world = MpiComm::start(comm)?;
         let generation = WORLDS.fetch_add(1, Ordering::Relaxed);
-        let group = world.worker.run(
-            || "world setup".into(),
-            SpanOp::Setup,
-            0,
-            move |comm| {
-                let (rank, size) = rank_size(comm)?;
-                let id = mix(&[hash_str("mpi"), generation, size as u64]);
-                let hosts = host_indices(comm)?;
-                let cores = all_gather_int(comm, host::cores())?;
-                Ok(Group { rank, size, id, members: (0..size).collect(), hosts, cores })
-            },
-        )?;
+        let group = world.setup("world setup", move |comm| {
+            let (rank, size) = rank_size(comm)?;
+            let id = mix(&[hash_str("mpi"), generation, size as u64]);
+            let hosts = host_indices(comm)?;
+            let cores = all_gather_int(comm, host::cores())?;
+            Ok(Group { rank, size, id, members: (0..size).collect(), hosts, cores })
+        })?;
         Ok((world, group))
     }
 
     /// Takes over `comm` (a new communicator of this process): errors return instead of
-    /// aborting, and a worker runs its operations.
+    /// aborting, and a stream runs its operations.
     fn start(comm: ffi::MPI_Comm) -> Result<MpiComm> {
         // SAFETY: `comm` is a valid communicator; reading an exported constant.
         let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
@@ -104,8 +107,36 @@ impl MpiComm {
             unsafe { ffi::MPI_Comm_free(&mut comm) };
             return Err(e);
         }
-        let (rank, _) = rank_size(comm)?;
-        Ok(MpiComm { worker: Worker::start(comm, rank)?, splits: Arc::new(AtomicU64::new(0)) })
+        let (rank, size) = rank_size(comm)?;
+        let tag_ub = env::tag_ub(comm)?;
+        // MPI's operations are not in the flight recorder, which keeps xccl's plans: it is off
+        // (no records, no file), so the id it would name its file by does not matter.
+        let off = FlightConfig { records: 0, ..FlightConfig::default() };
+        let flight = Recorder::new(off, rank, size, 0);
+        let stream = Stream::start(rank, MpiBackend::new(comm, rank), flight)?;
+        Ok(MpiComm { stream, tag_ub, splits: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// Runs `work`, named `name`, on the communicator after what was issued on it, and
+    /// returns its result.
+    fn setup<R: Send + 'static>(
+        &self,
+        name: &'static str,
+        work: impl Fn(ffi::MPI_Comm) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let slot = Arc::new(Mutex::new(None));
+        let out = slot.clone();
+        let task = Task::Setup(
+            name,
+            Box::new(move |comm| {
+                let r = work(comm)?;
+                *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+                Ok(())
+            }),
+        );
+        self.stream.run(|seq| JobOp::Task { task, seq }).1?;
+        let r = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+        r.ok_or_else(|| Error::Internal(format!("MPI {name} finished without its result")))
     }
 
     /// `MPI_Comm_split` of this communicator (whose group is `parent`), after what was issued
@@ -115,59 +146,42 @@ impl MpiComm {
         let splits = self.splits.clone();
         let (parent_id, members, hosts, cores) =
             (parent.id, parent.members.clone(), parent.hosts.clone(), parent.cores.clone());
-        let (made, nth) = self.worker.run(
-            || "split".into(),
-            SpanOp::Setup,
-            0,
-            move |comm| {
-                // Colors are u32, MPI's are non-negative ints: split by the color's index among
-                // the colors in use.
-                let mine = color.map_or(-1, i64::from);
-                let all = all_gather_i64(comm, mine)?;
-                let mut used: Vec<i64> = all.iter().copied().filter(|&c| c >= 0).collect();
-                used.sort_unstable();
-                used.dedup();
-                let index = match color {
-                    // SAFETY: reading an exported constant.
-                    None => unsafe { ffi::RSMPI_UNDEFINED },
-                    Some(_) => count("split", used.partition_point(|&c| c < mine))?,
-                };
+        let (made, nth) = self.setup("split", move |comm| {
+            // Colors are u32, MPI's are non-negative ints: split by the color's index among
+            // the colors in use.
+            let mine = color.map_or(-1, i64::from);
+            let all = all_gather_i64(comm, mine)?;
+            let mut used: Vec<i64> = all.iter().copied().filter(|&c| c >= 0).collect();
+            used.sort_unstable();
+            used.dedup();
+            let index = match color {
                 // SAFETY: reading an exported constant.
-                let mut new = unsafe { ffi::RSMPI_COMM_NULL };
-                // SAFETY: `comm` is valid; the output pointer is valid.
-                let rc = unsafe { ffi::MPI_Comm_split(comm, index, key, &mut new) };
-                env::check(rc, || format!("MPI_Comm_split(color {mine}, key {key})"))?;
-                Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
-            },
-        )?;
+                None => unsafe { ffi::RSMPI_UNDEFINED },
+                Some(_) => count("split", used.partition_point(|&c| c < mine))?,
+            };
+            // SAFETY: reading an exported constant.
+            let mut new = unsafe { ffi::RSMPI_COMM_NULL };
+            // SAFETY: `comm` is valid; the output pointer is valid.
+            let rc = unsafe { ffi::MPI_Comm_split(comm, index, key, &mut new) };
+            env::check(rc, || format!("MPI_Comm_split(color {mine}, key {key})"))?;
+            Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
+        })?;
         let Some(color) = color else { return Ok(None) };
         let child = MpiComm::start(made.0)?;
         let parent_rank = parent.rank;
-        let group = child.worker.run(
-            || "split setup".into(),
-            SpanOp::Setup,
-            0,
-            move |comm| {
-                let (rank, size) = rank_size(comm)?;
-                let old: Vec<usize> = all_gather_int(comm, parent_rank)?;
-                // What the parent knew of each member, by its rank there.
-                let pick = |of: &[usize]| -> Result<Vec<usize>> {
-                    old.iter()
-                        .map(|&r| of.get(r).copied())
-                        .collect::<Option<_>>()
-                        .ok_or_else(|| Error::Internal(format!("split: parent ranks {old:?} out of range")))
-                };
-                let id = mix(&[parent_id, nth, u64::from(color)]);
-                Ok(Group {
-                    rank,
-                    size,
-                    id,
-                    members: pick(&members)?,
-                    hosts: pick(&hosts)?,
-                    cores: pick(&cores)?,
-                })
-            },
-        )?;
+        let group = child.setup("split setup", move |comm| {
+            let (rank, size) = rank_size(comm)?;
+            let old: Vec<usize> = all_gather_int(comm, parent_rank)?;
+            // What the parent knew of each member, by its rank there.
+            let pick = |of: &[usize]| -> Result<Vec<usize>> {
+                old.iter()
+                    .map(|&r| of.get(r).copied())
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| Error::Internal(format!("split: parent ranks {old:?} out of range")))
+            };
+            let id = mix(&[parent_id, nth, u64::from(color)]);
+            Ok(Group { rank, size, id, members: pick(&members)?, hosts: pick(&hosts)?, cores: pick(&cores)? })
+        })?;
         Ok(Some((child, group)))
     }
 
@@ -175,85 +189,17 @@ impl MpiComm {
     /// on it: the same members, a communicator of their own.
     pub fn dup(&self, parent: &Group) -> Result<(MpiComm, Group)> {
         let splits = self.splits.clone();
-        let (made, nth) = self.worker.run(
-            || "dup".into(),
-            SpanOp::Setup,
-            0,
-            move |comm| {
-                // SAFETY: reading an exported constant.
-                let mut new = unsafe { ffi::RSMPI_COMM_NULL };
-                // SAFETY: `comm` is valid; the output pointer is valid.
-                env::check(unsafe { ffi::MPI_Comm_dup(comm, &mut new) }, || "MPI_Comm_dup".into())?;
-                Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
-            },
-        )?;
+        let (made, nth) = self.setup("dup", move |comm| {
+            // SAFETY: reading an exported constant.
+            let mut new = unsafe { ffi::RSMPI_COMM_NULL };
+            // SAFETY: `comm` is valid; the output pointer is valid.
+            env::check(unsafe { ffi::MPI_Comm_dup(comm, &mut new) }, || "MPI_Comm_dup".into())?;
+            Ok((Handle(new), splits.fetch_add(1, Ordering::Relaxed)))
+        })?;
         let child = MpiComm::start(made.0)?;
         // Not a color (those are u32): duplicates and splits never share an id.
         let id = mix(&[parent.id, nth, 1 << 32]);
         Ok((child, Group { id, ..parent.clone() }))
-    }
-
-    /// Runs a collective on borrowed buffers, returning once it completed.
-    pub fn collective(&self, coll: Coll, bufs: Bufs) -> Result<()> {
-        let bufs = SendBufs(bufs);
-        let name = self.worker.recording().then(|| coll.name());
-        let what = coll.what(bufs.0.input_len);
-        self.worker.run(
-            move || name.unwrap_or_default(),
-            what,
-            bufs.0.input_len,
-            move |comm| coll.run(comm, bufs),
-        )
-    }
-
-    /// Queues a collective on buffers parked in `done`; its outcome goes there.
-    pub fn spawn(&self, coll: Coll, bufs: Bufs, done: Arc<Completion>) {
-        let bufs = SendBufs(bufs);
-        let name = self.worker.recording().then(|| coll.name());
-        let what = coll.what(bufs.0.input_len);
-        let task: worker::Task = Box::new(move |comm| coll.run(comm, bufs));
-        self.worker.submit(move || name.unwrap_or_default(), what, bufs.0.input_len, task, done);
-    }
-
-    /// Checks a message's tag against what MPI accepts.
-    fn tag(&self, api: &'static str, tag: u32) -> Result<()> {
-        if tag > self.worker.tag_ub() {
-            let msg = format!(
-                "tag {tag} is above the largest tag this MPI library accepts ({})",
-                self.worker.tag_ub()
-            );
-            return Err(Error::invalid(api, msg));
-        }
-        Ok(())
-    }
-
-    /// Sends or receives one message on borrowed memory, returning once it completed.
-    pub fn p2p(&self, msg: P2p) -> Result<()> {
-        self.tag(if msg.send { "send" } else { "recv" }, msg.tag)?;
-        self.worker.p2p(msg)
-    }
-
-    /// Queues one message on memory parked in `done`; its outcome goes there.
-    pub fn submit_p2p(&self, msg: P2p, done: Arc<Completion>) {
-        match self.tag(if msg.send { "isend" } else { "irecv" }, msg.tag) {
-            Ok(()) => self.worker.submit_p2p(msg, done),
-            Err(e) => done.finish(Err(e)),
-        }
-    }
-
-    /// Completes `done` once everything issued before has completed.
-    pub fn marker(&self, done: Arc<Completion>) {
-        self.worker.submit(|| "event".into(), SpanOp::Setup, 0, Box::new(|_| Ok(())), done);
-    }
-
-    /// Starts or stops recording spans.
-    pub fn record_timeline(&self, on: bool) {
-        self.worker.record_timeline(on);
-    }
-
-    /// The spans recorded since the last call.
-    pub fn take_timeline(&self) -> Vec<OpSpan> {
-        self.worker.take_timeline()
     }
 }
 
@@ -324,9 +270,9 @@ fn host_indices(comm: ffi::MPI_Comm) -> Result<Vec<usize>> {
     Ok(leaders.iter().map(|l| order.partition_point(|x| x < l)).collect())
 }
 
-/// Buffers that may cross to the worker thread.
+/// Buffers that may cross to the stream's thread.
 #[derive(Copy, Clone)]
-struct SendBufs(Bufs);
+pub(crate) struct SendBufs(Bufs);
 
 // SAFETY: the buffers' issuer keeps them valid and untouched until the operation completed
 // (blocking calls wait for it; async calls park the owned buffers in the completion); only
@@ -352,7 +298,7 @@ enum Layout {
 }
 
 /// A checked collective, ready to become one MPI call.
-pub(super) struct Coll {
+pub(crate) struct Coll {
     kind: CollKind,
     dtype: DType,
     op: Option<ReduceOp>,

@@ -1,54 +1,60 @@
 //! The stream: a communicator's queue of operations and the progress thread that runs them
-//! in issue order, the CPU counterpart of a CUDA communication stream.
+//! in issue order, the CPU counterpart of a CUDA communication stream. One stream serves
+//! every backend ([`Backend`]: xccl's engine or MPI's communicator).
 //!
 //! Blocking calls and asynchronous calls share one order. A blocking call made while the
 //! stream is idle (nothing queued, nothing running) runs at once on the caller's thread and
 //! returns its result directly, sparing two thread hand-offs; otherwise it queues behind what
 //! is there and waits.
 //!
-//! Point-to-point operations form batches: a batch takes in every point-to-point operation
-//! issued while it runs, progresses them all at once and completes each as it finishes, so
-//! an `isend` and an `irecv` between two ranks never wait on each other. A collective issued
-//! after them starts once the batch is done.
+//! Point-to-point operations form batches (`batch.rs`): a batch takes in every
+//! point-to-point operation issued while it runs, progresses them all at once and completes
+//! each as it finishes, so an `isend` and an `irecv` between two ranks never wait on each
+//! other. A collective issued after them starts once the batch is done.
+
+mod backend;
+mod batch;
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+pub(crate) use backend::{Backend, Signals, Task};
+
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, Engine, P2p, P2pFeed, Plan};
+use crate::exec::P2p;
 use crate::flight::{Queued, Recorder};
-use crate::transport::{Farewell, Waker};
+use crate::transport::Farewell;
 use crate::work::{Completion, OpSpan, SpanOp};
 
 /// What a queued operation does.
-pub(crate) enum JobOp {
-    /// A collective: its plan, sequence number and buffers.
-    Coll { plan: Arc<Plan>, seq: u64, bufs: Bufs },
+pub(crate) enum JobOp<T> {
+    /// A collective (or other task of the backend) and its sequence number.
+    Task { task: T, seq: u64 },
     /// One point-to-point message.
     P2p { msg: P2p },
     /// Completes when everything before it has.
     Marker,
 }
 
-// SAFETY: the raw pointers inside an operation point to buffers that the issuer keeps valid and
-// untouched until the operation has completed (blocking calls wait for it; async calls park
-// the owned buffers in the completion); only the thread running the operation uses them.
-unsafe impl Send for JobOp {}
+// SAFETY: the raw pointers of a message point to a buffer that the issuer keeps valid and
+// untouched until the message has completed (blocking calls wait for it; async calls park
+// the owned buffer in the completion); only the thread running the operation uses them.
+unsafe impl<T: Send> Send for JobOp<T> {}
 
 /// One queued operation, when it was issued (while recording), and where its outcome goes.
-struct Job {
-    op: JobOp,
+struct Job<T> {
+    op: JobOp<T>,
     issued: Option<Instant>,
     done: Option<Arc<Completion>>,
 }
 
-impl Job {
+impl<T> Job<T> {
     fn finish(&self, result: &Result<()>) {
         if let Some(d) = &self.done {
             d.finish(result.clone());
@@ -56,8 +62,8 @@ impl Job {
     }
 }
 
-struct Queue {
-    jobs: VecDeque<Job>,
+struct Queue<T> {
+    jobs: VecDeque<Job<T>>,
     /// Someone (the progress thread or an inline caller) is running operations.
     busy: bool,
     /// Collective sequence numbers handed out so far.
@@ -66,19 +72,18 @@ struct Queue {
     closing: Option<Farewell>,
 }
 
-struct Shared {
-    queue: Mutex<Queue>,
+struct Shared<B: Backend> {
+    queue: Mutex<Queue<B::Task>>,
     cv: Condvar,
-    /// Used only by whoever set `busy` (see [`Shared::engine`]).
-    engine: UnsafeCell<Engine>,
+    /// Used only by whoever set `busy` (see [`Shared::backend`]).
+    backend: UnsafeCell<B>,
     /// The flight recorder, used only by whoever set `busy` (see [`Shared::flight`]).
     flight: UnsafeCell<Recorder>,
-    /// An operation panicked inside the engine: its streams may be in the middle of a frame.
-    engine_poisoned: AtomicBool,
-    /// Wakes the engine out of a wait when work is issued to a running batch.
-    waker: Waker,
-    /// The engine's abort post ([`Stream::abort`]).
-    cancel: Arc<OnceLock<String>>,
+    /// An operation panicked inside the backend: its streams may be in the middle of a frame.
+    poisoned: AtomicBool,
+    /// Wakes the backend out of a wait (work issued to a running batch, an abort) and posts
+    /// aborts, where the backend can be reached.
+    signals: Option<Signals>,
     /// Spans of finished operations, while recording.
     timeline: Mutex<Option<Vec<OpSpan>>>,
     /// Whether spans are recorded: clocks are read only then.
@@ -86,37 +91,38 @@ struct Shared {
 }
 
 // SAFETY: everything in `Shared` is synchronised by its own lock or is atomic, except the
-// engine, which only the thread that set `busy` under the queue's lock uses (`Shared::engine`).
-unsafe impl Sync for Shared {}
+// backend and the recorder, which only the thread that set `busy` under the queue's lock
+// uses (`Shared::backend`, `Shared::flight`).
+unsafe impl<B: Backend> Sync for Shared<B> {}
 
-impl Shared {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
+impl<B: Backend> Shared<B> {
+    fn queue(&self) -> MutexGuard<'_, Queue<B::Task>> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The engine, for the one who set `busy` (a plain flag under the queue's lock rather
+    /// The backend, for the one who set `busy` (a plain flag under the queue's lock rather
     /// than a second lock, which would cost two more atomic operations per operation). If an
-    /// earlier operation panicked inside it, it is aborted first, since its streams may be in
+    /// earlier operation panicked inside it, it is failed first, since its streams may be in
     /// the middle of a frame.
     ///
     /// # Safety
     /// The caller set `busy` (or is the progress thread closing the stream, when no one else
     /// can issue) and keeps it set while the returned value lives.
-    unsafe fn engine(&self) -> EngineRef<'_> {
+    unsafe fn backend(&self) -> BackendRef<'_, B> {
         // SAFETY: `busy` is set by one thread at a time (under the queue's lock), and only that
-        // thread reaches the engine, so this is the only reference to it.
-        let engine = unsafe { &mut *self.engine.get() };
-        if self.engine_poisoned.load(Ordering::Relaxed) {
-            self.engine_poisoned.store(false, Ordering::Relaxed);
-            engine.fail(Error::Internal("an earlier operation panicked inside xccl".into()));
+        // thread reaches the backend, so this is the only reference to it.
+        let backend = unsafe { &mut *self.backend.get() };
+        if self.poisoned.load(Ordering::Relaxed) {
+            self.poisoned.store(false, Ordering::Relaxed);
+            backend.fail(Error::Internal("an earlier operation panicked inside xccl".into()));
         }
-        EngineRef { engine, poisoned: &self.engine_poisoned }
+        BackendRef { backend, poisoned: &self.poisoned }
     }
 
     /// The flight recorder.
     ///
     /// # Safety
-    /// As for [`Shared::engine`]: the caller set `busy` and keeps it set while the returned
+    /// As for [`Shared::backend`]: the caller set `busy` and keeps it set while the returned
     /// reference lives, and holds no other reference from this function.
     #[allow(clippy::mut_from_ref)]
     unsafe fn flight(&self) -> &mut Recorder {
@@ -133,10 +139,8 @@ impl Shared {
             .jobs
             .iter()
             .filter_map(|j| match &j.op {
-                JobOp::Coll { plan, seq, bufs } => {
-                    Some(Queued { what: plan.desc.with_seq(*seq).to_string(), bytes: bufs.input_len })
-                }
-                JobOp::P2p { msg } => Some(Queued { what: describe_p2p(msg), bytes: msg.len }),
+                JobOp::Task { task, seq } => Some(Queued { what: task.name(*seq), bytes: task.bytes() }),
+                JobOp::P2p { msg } => Some(Queued { what: batch::describe(msg), bytes: msg.len }),
                 JobOp::Marker => None,
             })
             .collect();
@@ -172,37 +176,37 @@ impl Shared {
     }
 
     /// Queues `job` behind everything there.
-    fn enqueue(&self, mut q: MutexGuard<'_, Queue>, job: Job) {
+    fn enqueue(&self, mut q: MutexGuard<'_, Queue<B::Task>>, job: Job<B::Task>) {
         let busy = q.busy;
         q.jobs.push_back(job);
         drop(q);
         self.cv.notify_one();
-        if busy {
-            self.waker.wake();
+        if busy && let Some(s) = &self.signals {
+            s.waker.wake();
         }
     }
 }
 
-/// The engine while an operation runs; marks it poisoned if a panic unwinds through it.
-struct EngineRef<'a> {
-    engine: &'a mut Engine,
+/// The backend while an operation runs; marks it poisoned if a panic unwinds through it.
+struct BackendRef<'a, B> {
+    backend: &'a mut B,
     poisoned: &'a AtomicBool,
 }
 
-impl Deref for EngineRef<'_> {
-    type Target = Engine;
-    fn deref(&self) -> &Engine {
-        self.engine
+impl<B> Deref for BackendRef<'_, B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        self.backend
     }
 }
 
-impl DerefMut for EngineRef<'_> {
-    fn deref_mut(&mut self) -> &mut Engine {
-        self.engine
+impl<B> DerefMut for BackendRef<'_, B> {
+    fn deref_mut(&mut self) -> &mut B {
+        self.backend
     }
 }
 
-impl Drop for EngineRef<'_> {
+impl<B> Drop for BackendRef<'_, B> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.poisoned.store(true, Ordering::Relaxed);
@@ -211,9 +215,9 @@ impl Drop for EngineRef<'_> {
 }
 
 /// Marks the stream idle again when dropped, also while unwinding.
-struct BusyGuard<'a>(&'a Shared);
+struct BusyGuard<'a, B: Backend>(&'a Shared<B>);
 
-impl Drop for BusyGuard<'_> {
+impl<B: Backend> Drop for BusyGuard<'_, B> {
     fn drop(&mut self) {
         let mut q = self.0.queue();
         q.busy = false;
@@ -228,29 +232,28 @@ impl Drop for BusyGuard<'_> {
 }
 
 /// The issuing side of a stream.
-pub(crate) struct Stream {
+pub(crate) struct Stream<B: Backend> {
     rank: usize,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<B>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Stream {
-    /// Starts the progress thread of `rank` around `engine`.
-    pub fn start(rank: usize, engine: Engine, flight: Recorder) -> Result<Stream> {
+impl<B: Backend> Stream<B> {
+    /// Starts the progress thread of `rank` around `backend`, recording into `flight`.
+    pub fn start(rank: usize, backend: B, flight: Recorder) -> Result<Stream<B>> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue { jobs: VecDeque::new(), busy: false, next_seq: 0, closing: None }),
             cv: Condvar::new(),
-            waker: engine.waker(),
-            cancel: engine.cancel_handle(),
-            engine: UnsafeCell::new(engine),
+            signals: backend.signals(),
+            backend: UnsafeCell::new(backend),
             flight: UnsafeCell::new(flight),
-            engine_poisoned: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
             timeline: Mutex::new(None),
             recording: AtomicBool::new(false),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("xccl-r{rank}"))
+            .name(format!("{}{rank}", B::THREAD))
             .spawn(move || progress(&s2))
             .map_err(|e| Error::io("starting the progress thread", e))?;
         Ok(Stream { rank, shared, thread: Some(thread) })
@@ -271,7 +274,7 @@ impl Stream {
 
     /// Queues an operation built from the next collective sequence number; its outcome goes
     /// to `done`. Returns the sequence number.
-    pub fn submit(&self, make: impl FnOnce(u64) -> JobOp, done: Arc<Completion>) -> u64 {
+    pub fn submit(&self, make: impl FnOnce(u64) -> JobOp<B::Task>, done: Arc<Completion>) -> u64 {
         let mut q = self.shared.queue();
         let seq = q.next_seq;
         q.next_seq += 1;
@@ -281,7 +284,7 @@ impl Stream {
     }
 
     /// Queues an operation that takes no sequence number (point-to-point, marker).
-    pub fn submit_unsequenced(&self, op: JobOp, done: Arc<Completion>) {
+    pub fn submit_unsequenced(&self, op: JobOp<B::Task>, done: Arc<Completion>) {
         let job = Job { op, issued: self.shared.stamp(), done: Some(done) };
         self.shared.enqueue(self.shared.queue(), job);
     }
@@ -289,7 +292,7 @@ impl Stream {
     /// Runs an operation built from the next collective sequence number and returns the
     /// number and the outcome once it has completed: on this thread if the stream is idle,
     /// else after what is queued.
-    pub fn run(&self, make: impl FnOnce(u64) -> JobOp) -> (u64, Result<()>) {
+    pub fn run(&self, make: impl FnOnce(u64) -> JobOp<B::Task>) -> (u64, Result<()>) {
         let mut q = self.shared.queue();
         let seq = q.next_seq;
         q.next_seq += 1;
@@ -298,11 +301,11 @@ impl Stream {
     }
 
     /// Runs an operation without sequence number like [`Stream::run`].
-    pub fn run_unsequenced(&self, op: JobOp) -> Result<()> {
+    pub fn run_unsequenced(&self, op: JobOp<B::Task>) -> Result<()> {
         self.run_or_queue(self.shared.queue(), op)
     }
 
-    fn run_or_queue(&self, mut q: MutexGuard<'_, Queue>, op: JobOp) -> Result<()> {
+    fn run_or_queue(&self, mut q: MutexGuard<'_, Queue<B::Task>>, op: JobOp<B::Task>) -> Result<()> {
         let issued = self.shared.stamp();
         if q.busy || !q.jobs.is_empty() {
             let done = Arc::new(Completion::default());
@@ -313,27 +316,29 @@ impl Stream {
         drop(q);
         // Cleared even if the operation panics, so the stream never stays busy forever.
         let _busy = BusyGuard(&self.shared);
-        // SAFETY: this thread set `busy` above; `engine`, declared after `_busy`, is dropped
+        // SAFETY: this thread set `busy` above; `backend`, declared after `_busy`, is dropped
         // before it clears `busy`.
-        let mut engine = unsafe { self.shared.engine() };
-        run(&self.shared, &mut engine, Job { op, issued, done: None })
+        let mut backend = unsafe { self.shared.backend() };
+        run(&self.shared, &mut backend, Job { op, issued, done: None })
     }
-}
 
-impl Stream {
     /// Aborts the communicator from any thread: the operation in progress fails at its next
     /// wait (it is woken), every later one fails at once, and the peers are told, naming this
-    /// rank and `reason`. The first reason given is kept.
-    pub fn abort(&self, reason: &str) {
-        let _ = self.shared.cancel.set(reason.to_string());
-        self.shared.waker.wake();
+    /// rank and `reason`. The first reason given is kept. Returns `false`, doing nothing,
+    /// where the backend cannot be reached while it runs ([`Backend::signals`]).
+    pub fn abort(&self, reason: &str) -> bool {
+        let Some(s) = &self.shared.signals else { return false };
+        let _ = s.cancel.set(reason.to_string());
+        s.waker.wake();
         self.shared.cv.notify_one();
+        true
     }
 }
 
-impl Drop for Stream {
+impl<B: Backend> Drop for Stream<B> {
     fn drop(&mut self) {
-        let farewell = if let Some(reason) = self.shared.cancel.get() {
+        let cancelled = self.shared.signals.as_ref().and_then(|s| s.cancel.get());
+        let farewell = if let Some(reason) = cancelled {
             Farewell::Abort { origin: self.rank, reason: format!("rank {}: aborted: {reason}", self.rank) }
         } else if std::thread::panicking() {
             Farewell::Abort {
@@ -355,7 +360,7 @@ impl Drop for Stream {
     }
 }
 
-fn progress(shared: &Shared) {
+fn progress<B: Backend>(shared: &Shared<B>) {
     loop {
         let job = {
             let mut q = shared.queue();
@@ -370,7 +375,7 @@ fn progress(shared: &Shared) {
                         drop(q);
                         // SAFETY: `busy` is set and the stream is being dropped: no one else
                         // issues operations any more.
-                        unsafe { shared.engine() }.close(farewell);
+                        unsafe { shared.backend() }.close(farewell);
                         return;
                     }
                 }
@@ -379,9 +384,12 @@ fn progress(shared: &Shared) {
         };
         let _busy = BusyGuard(shared);
         let done = job.done.clone();
-        // SAFETY: this thread set `busy` above; `_busy` clears it after the engine is dropped.
-        let outcome =
-            std::panic::catch_unwind(AssertUnwindSafe(|| run(shared, &mut *unsafe { shared.engine() }, job)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: this thread set `busy` above; `_busy` clears it after the backend is
+            // dropped.
+            let mut backend = unsafe { shared.backend() };
+            run(shared, &mut backend, job)
+        }));
         if let (Err(_), Some(done)) = (outcome, done) {
             // A bug inside xccl: fail the operation instead of leaving its waiter hanging.
             done.finish_if_pending(Err(Error::Internal("operation panicked inside xccl".into())));
@@ -389,138 +397,32 @@ fn progress(shared: &Shared) {
     }
 }
 
-/// A message of a batch: the message, where its outcome goes, and when it was issued and
-/// started (while recording).
-/// A message of a batch: its completion, when it was issued and started, and its flight
-/// record.
-type FedJob = (P2p, Option<Arc<Completion>>, Option<Instant>, Option<Instant>, u64);
-
-/// `send to 3 (tag 7, f32 x 16)`.
-fn describe_p2p(m: &P2p) -> String {
-    let (verb, dir) = if m.send { ("send", "to") } else { ("recv", "from") };
-    format!("{verb} {dir} {} (tag {}, {} x {})", m.peer, m.tag, m.dtype, m.len / m.dtype.size())
-}
-
-/// Feeds a point-to-point batch from the queue: the job that started it, then every
-/// point-to-point job at the head of the queue as it is issued.
-struct QueueFeed<'a> {
-    shared: &'a Shared,
-    first: Option<Job>,
-    /// The batch's messages, in the order fetched, with their jobs.
-    jobs: Vec<FedJob>,
-    /// Whether the first message (the job that started the batch) completed.
-    first_done: bool,
-}
-
-impl P2pFeed for QueueFeed<'_> {
-    fn fetch(&mut self, into: &mut Vec<P2p>) {
-        let mut take = |job: Job| {
-            if let JobOp::P2p { msg } = job.op {
-                into.push(msg);
-                // SAFETY: the feed runs on the thread that set `busy`, inside `run`, which
-                // holds no reference to the recorder while the engine runs the batch.
-                let id = unsafe { self.shared.flight() }.p2p(msg.send, msg.peer, msg.tag, msg.dtype, msg.len);
-                self.jobs.push((msg, job.done, job.issued, self.shared.stamp(), id));
-            }
-        };
-        if let Some(job) = self.first.take() {
-            take(job);
-        }
-        let mut q = self.shared.queue();
-        while matches!(q.jobs.front(), Some(Job { op: JobOp::P2p { .. }, .. })) {
-            if let Some(job) = q.jobs.pop_front() {
-                take(job);
-            }
-        }
-    }
-
-    fn complete(&mut self, index: usize) {
-        let (m, done, issued, started, id) = &self.jobs[index];
-        // SAFETY: as in `fetch`.
-        unsafe { self.shared.flight() }.end(*id, None);
-        // Recorded before the waiter wakes, so that its next look at the timeline sees it.
-        let what = || {
-            let op =
-                SpanOp::Message { send: m.send, peer: m.peer, dtype: m.dtype, count: m.len / m.dtype.size() };
-            (describe_p2p(m), op)
-        };
-        self.shared.record(what, m.len, *issued, *started);
-        if let Some(d) = done {
-            d.finish(Ok(()));
-        }
-        self.first_done |= index == 0;
-    }
-}
-
-impl QueueFeed<'_> {
-    /// Fails every message of the batch that has not completed.
-    fn fail_pending(&self, e: &Error) {
-        for d in self
-            .first
-            .iter()
-            .filter_map(|j| j.done.as_ref())
-            .chain(self.jobs.iter().filter_map(|j| j.1.as_ref()))
-        {
-            d.finish_if_pending(Err(e.clone()));
-        }
-    }
-}
-
-impl Drop for QueueFeed<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.fail_pending(&Error::Internal("operation panicked inside xccl".into()));
-        }
-    }
-}
-
 /// Runs one job taken from the queue (a point-to-point job starts a batch); returns its
 /// outcome, and hands it to its completion if it has one.
-fn run(shared: &Shared, engine: &mut Engine, job: Job) -> Result<()> {
+fn run<B: Backend>(shared: &Shared<B>, backend: &mut B, job: Job<B::Task>) -> Result<()> {
     let started = shared.stamp();
     match &job.op {
-        JobOp::Coll { plan, seq, bufs } => {
+        JobOp::Task { task, seq } => {
             // SAFETY: `run` is called by the thread that set `busy`; the reference ends with
-            // this arm and the engine does not reach the recorder.
+            // this arm and the backend does not reach the recorder.
             let flight = unsafe { shared.flight() };
-            let id = flight.coll(plan.desc.with_seq(*seq), bufs.input_len.max(bufs.output_len));
-            let result = engine.collective(plan, *seq, bufs);
-            flight.end(id, result.as_ref().err());
+            let id = task.flight(*seq).map(|(desc, bytes)| flight.coll(desc, bytes));
+            let result = backend.run(task, *seq);
+            if let Some(id) = id {
+                flight.end(id, result.as_ref().err());
+            }
             if let Err(e) = &result {
                 shared.report_failure(flight, e);
             }
-            let d = &plan.desc;
-            let what = || {
-                let op = SpanOp::Collective {
-                    kind: d.kind,
-                    dtype: d.dtype,
-                    count: bufs.input_len / d.dtype.size(),
-                };
-                (d.with_seq(*seq).to_string(), op)
-            };
-            shared.record(what, bufs.input_len, job.issued, started);
+            shared.record(|| (task.name(*seq), task.span()), task.bytes(), job.issued, started);
             job.finish(&result);
             result
         }
         JobOp::Marker => {
-            let result = engine.dead().map_or(Ok(()), |e| Err(Error::Aborted(Box::new(e.clone()))));
+            let result = backend.dead().map_or(Ok(()), |e| Err(Error::Aborted(Box::new(e.clone()))));
             job.finish(&result);
             result
         }
-        JobOp::P2p { .. } => {
-            let mut feed = QueueFeed { shared, first: Some(job), jobs: Vec::new(), first_done: false };
-            match engine.p2p(&mut feed) {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    feed.fail_pending(&e);
-                    // SAFETY: as for collectives; the batch (and its feed's use of the
-                    // recorder) is over.
-                    let flight = unsafe { shared.flight() };
-                    flight.fail_running(&e);
-                    shared.report_failure(flight, &e);
-                    if feed.first_done { Ok(()) } else { Err(e) }
-                }
-            }
-        }
+        JobOp::P2p { .. } => batch::run(shared, backend, job),
     }
 }
