@@ -147,6 +147,13 @@ impl Mesh {
         &self.world
     }
 
+    /// A new duplicate of the whole job's communicator, for work on a thread of its own
+    /// (checkpoints written in the background), whose operations then never queue behind
+    /// the training's or deadlock with them. Collective over the world.
+    pub fn world_for_background(&self) -> Result<Communicator> {
+        Ok(self.world.dup_with(self.world.config().clone())?)
+    }
+
     /// The size of `axis`.
     pub fn size(&self, axis: Axis) -> usize {
         self.axis(axis).1

@@ -116,7 +116,7 @@ impl Context<'_> {
     /// checkpoints (collective over the world).
     pub fn saver(&self) -> Result<Option<Saver>> {
         match &self.config.checkpoint {
-            Some(_) => Ok(Some(Saver::new(self.mesh.world())?)),
+            Some(_) => Ok(Some(Saver::new(self.mesh.world_for_background()?))),
             None => Ok(None),
         }
     }

@@ -25,10 +25,11 @@ pub struct Saver {
 }
 
 impl Saver {
-    /// A saver for the ranks of `comm`. Collective over `comm` (it creates the duplicate).
-    pub fn new(comm: &Communicator) -> Result<Saver> {
-        let comm = comm.dup_with(comm.config().clone())?;
-        Ok(Saver { comm, in_flight: None })
+    /// A saver for the ranks of `comm`, which it uses on its own thread: a communicator
+    /// nothing else uses (a duplicate, `Mesh::world_for_background`), so that saves never
+    /// queue behind the training's operations or deadlock with them.
+    pub fn new(comm: Communicator) -> Saver {
+        Saver { comm, in_flight: None }
     }
 
     /// Hands over a snapshot to be written into `dir`. Waits first for the previous save to

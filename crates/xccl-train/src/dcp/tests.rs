@@ -502,7 +502,7 @@ fn a_failure_on_one_rank_fails_the_save_everywhere() {
 fn the_saver_writes_in_the_background_and_reports_failures() {
     let dir = temp_dir("saver");
     let outcomes = on_ranks(3, |comm| -> Result<Vec<Option<PathBuf>>> {
-        let mut saver = Saver::new(comm)?;
+        let mut saver = Saver::new(comm.dup_with(comm.config().clone())?);
         let mut done = Vec::new();
         saver.submit(&dir, cut_snapshot(comm.rank(), 1, 10))?;
         // Training goes on on the original communicator meanwhile.
