@@ -2,12 +2,15 @@
 //! frame), how it explains a lost peer (who vanished first, what it said), and what a
 //! timeout reports (which peers were silent, which did not read).
 
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::reading::Inbound;
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
 use crate::error::{Error, Result};
+use crate::frame::OpDesc;
 use crate::stall;
 use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
 
@@ -18,20 +21,53 @@ pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
         None => Error::PeerLost { op, peer, detail: explain_io(&e) },
     }
 }
+/// Collectives remembered in [`Fate`].
+const HISTORY: usize = 32;
+
+/// What befell one communicator: the failure that ended it, the abort the program posted,
+/// and the collectives it ran last (a late frame or LL message of an earlier sequence
+/// number is reported against what this rank called under that number).
+#[derive(Default)]
+pub(super) struct Fate {
+    /// The first failure; every later operation fails with it.
+    pub dead: Option<Error>,
+    /// Set by [`Communicator::abort`](crate::Communicator::abort) from any thread: why the
+    /// program aborted the communicator. Checked before each operation and whenever a step
+    /// waits.
+    pub cancel: Arc<OnceLock<String>>,
+    /// The last collectives run, newest last.
+    history: VecDeque<OpDesc>,
+}
+
+impl Fate {
+    /// Notes that collective `desc` ran (the oldest is forgotten past [`HISTORY`]).
+    pub fn record(&mut self, desc: OpDesc) {
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(desc);
+    }
+
+    /// The newest remembered collective that `is` says is the one.
+    pub fn ran(&self, is: impl Fn(&OpDesc) -> bool) -> Option<&OpDesc> {
+        self.history.iter().rev().find(|d| is(d))
+    }
+}
+
 impl Engine {
     /// Fails operation `op` (named only then) if the program aborted the communicator.
     pub(super) fn check_cancel(&self, op: impl Fn() -> String) -> Result<()> {
-        match self.cancel.get() {
+        match self.fate.cancel.get() {
             Some(reason) => Err(Error::Cancelled { op: op(), rank: self.rank, reason: reason.clone() }),
             None => Ok(()),
         }
     }
 
     pub(super) fn abort(&mut self, err: &Error) {
-        if self.dead.is_some() {
+        if self.fate.dead.is_some() {
             return;
         }
-        self.dead = Some(err.clone());
+        self.fate.dead = Some(err.clone());
         // A notice can only follow a complete frame: finish half-written ones first (their
         // buffers are still those of the failing operation), giving up after a moment.
         self.finish_frames(Instant::now() + ABORT_PATIENCE);
@@ -101,7 +137,7 @@ impl Engine {
     }
 
     fn check_alive(&self, op: impl Fn() -> String) -> Result<()> {
-        if let Some(e) = &self.dead {
+        if let Some(e) = &self.fate.dead {
             return Err(Error::Aborted(Box::new(e.clone())));
         }
         self.check_cancel(&op)?;
@@ -184,5 +220,32 @@ impl Engine {
             blamed = verdict.silent();
         }
         Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail, silent: blamed }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+    use crate::coll::CollKind;
+    use crate::dtype::DType;
+
+    fn desc(kind: CollKind, seq: u64) -> OpDesc {
+        OpDesc { kind, seq, dtype: DType::F32, op: None, count: 4, root: None, algo: Algorithm::Ring }
+    }
+
+    #[test]
+    fn the_newest_of_the_last_collectives_is_found() {
+        let mut fate = Fate::default();
+        for seq in 0..40 {
+            let kind = if seq % 2 == 0 { CollKind::AllGather } else { CollKind::AllToAll };
+            fate.record(desc(kind, seq));
+        }
+        assert_eq!(fate.ran(|d| d.seq == 39).map(|d| d.kind), Some(CollKind::AllToAll));
+        assert_eq!(fate.ran(|d| d.kind == CollKind::AllGather).map(|d| d.seq), Some(38));
+        // Only the last 32 are kept.
+        assert_eq!(fate.ran(|d| d.seq == 8).map(|d| d.seq), Some(8));
+        assert!(fate.ran(|d| d.seq == 7).is_none());
+        assert!(fate.dead.is_none() && fate.cancel.get().is_none());
     }
 }

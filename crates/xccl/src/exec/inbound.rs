@@ -165,9 +165,8 @@ impl Engine {
                 });
             }
             FrameKind::Abort => {
-                self.abort_reason.clear();
-                self.abort_origin = h.root as usize;
-                Target::Reason
+                self.peers[peer].notice.clear();
+                Target::Reason { origin: h.root as usize }
             }
             FrameKind::Ack | FrameKind::Push | FrameKind::Pushed => {
                 let what = match h.kind {
@@ -217,7 +216,7 @@ impl Engine {
         };
         if !h.matches(desc) {
             // A frame of an earlier operation: compare with what this rank ran then.
-            let ours = self.history.iter().rev().find(|d| d.seq == h.seq && h.seq < desc.seq).unwrap_or(desc);
+            let ours = self.fate.ran(|d| d.seq == h.seq && h.seq < desc.seq).unwrap_or(desc);
             return Err(Error::Mismatch {
                 rank: self.rank,
                 local: ours.to_string(),
@@ -409,7 +408,7 @@ impl Engine {
                 s.filled += left;
                 Ok(left)
             }
-            Target::Reason => Err(Error::Internal("pull into an abort reason".into())),
+            Target::Reason { .. } => Err(Error::Internal("pull into an abort reason".into())),
             Target::Task(i) => {
                 let t = &run.tasks[i];
                 let combining = matches!(t.act, Act::Recv { with: Some(_), .. });
@@ -459,11 +458,11 @@ impl Engine {
         let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
         let ctx = run.ctx;
         let n = match target {
-            Target::Reason => {
+            Target::Reason { .. } => {
                 let mut buf = [0u8; 512];
                 let n =
                     link.read(&mut buf[..remaining.min(512)]).map_err(|e| lost(ctx.describe(), peer, e))?;
-                self.abort_reason.extend_from_slice(&buf[..n]);
+                self.peers[peer].notice.extend_from_slice(&buf[..n]);
                 n
             }
             Target::Stash(id) => {
@@ -523,9 +522,9 @@ impl Engine {
     /// The last payload byte of a frame has arrived.
     pub(super) fn payload_done(&mut self, run: &mut StepRun<'_>, peer: usize, target: Target) -> Result<()> {
         match target {
-            Target::Reason => {
-                let reason = String::from_utf8_lossy(&self.abort_reason).into_owned();
-                Err(Error::RemoteAbort { op: run.op(), peer, origin: self.abort_origin, reason })
+            Target::Reason { origin } => {
+                let reason = String::from_utf8_lossy(&self.peers[peer].notice).into_owned();
+                Err(Error::RemoteAbort { op: run.op(), peer, origin, reason })
             }
             Target::Task(i) => {
                 let t = &mut run.tasks[i];

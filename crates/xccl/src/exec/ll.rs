@@ -194,7 +194,7 @@ impl Engine {
         let mut remote = format!("{} by LL", describe(theirs));
         match ours {
             Some(s) if s & 0xffff_ffff_ffff != seq => {
-                if let Some(d) = self.history.iter().rev().find(|d| d.seq & 0xffff_ffff_ffff == seq) {
+                if let Some(d) = self.fate.ran(|d| d.seq & 0xffff_ffff_ffff == seq) {
                     remote += &format!(" (this rank ran {d} under that number)");
                 }
             }

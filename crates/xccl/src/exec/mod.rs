@@ -15,7 +15,7 @@
 //! | `reading.rs` | where reading a peer's stream stands (`Inbound`); `Inbound::fill` reads a header, control payload or padding as far as the link gives it |
 //! | `scripted.rs` | (tests) a link that cuts its stream wherever a test says, for the per-peer machines' unit tests |
 //! | `p2p.rs` | point-to-point matching and the stash of early messages |
-//! | `failure.rs` | aborts, lost peers, timeouts |
+//! | `failure.rs` | aborts, lost peers, timeouts; `Fate`, what befell the communicator (its failure, the program's abort, the collectives it ran last) |
 //!
 //! The step ordering rule is `schedule::order`'s; how each message travels is
 //! [`protocol`](crate::protocol)'s choice. Messages are cut into segments of at most the
@@ -39,7 +39,6 @@ mod scripted;
 mod step;
 mod task;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -50,6 +49,7 @@ use crate::protocol::ProtocolPolicy;
 use crate::reduce::ReduceOp;
 use crate::transport::{Farewell, Links};
 
+use failure::Fate;
 use p2p::Stash;
 pub(crate) use p2p::{P2p, P2pFeed};
 use peer::Peer;
@@ -100,21 +100,9 @@ pub(crate) struct Engine {
     spare: StepBufs,
     /// Point-to-point messages that arrived before their receives.
     stash: Stash,
-    abort_reason: Vec<u8>,
-    /// The rank named by the abort notice being read.
-    abort_origin: usize,
-    dead: Option<Error>,
-    /// Set by [`Communicator::abort`](crate::Communicator::abort) from any thread: why the
-    /// program aborted the communicator. Checked before each operation and whenever a step
-    /// waits.
-    cancel: Arc<OnceLock<String>>,
-    /// The last collectives this rank ran, newest last: a frame of an earlier sequence
-    /// number is then reported against what this rank called under that number.
-    history: VecDeque<OpDesc>,
+    /// What befell the communicator: its failure, the program's abort, what it ran.
+    fate: Fate,
 }
-
-/// Collectives remembered in `Engine::history`.
-const HISTORY: usize = 32;
 
 /// How long an aborting rank tries to finish half-written frames so that its abort notice
 /// can follow them.
@@ -163,11 +151,7 @@ impl Engine {
             scratch: Vec::new(),
             spare: StepBufs::default(),
             stash: Stash::default(),
-            abort_reason: Vec::new(),
-            abort_origin: 0,
-            dead: None,
-            cancel: Arc::new(OnceLock::new()),
-            history: VecDeque::with_capacity(HISTORY),
+            fate: Fate::default(),
         }
     }
 
@@ -178,12 +162,12 @@ impl Engine {
 
     /// Where the program's abort is posted (see [`Engine::cancel`]).
     pub fn cancel_handle(&self) -> Arc<OnceLock<String>> {
-        self.cancel.clone()
+        self.fate.cancel.clone()
     }
 
     /// The error that killed this communicator, if one did.
     pub fn dead(&self) -> Option<&Error> {
-        self.dead.as_ref()
+        self.fate.dead.as_ref()
     }
 
     /// Fails every operation from now on with `err`, and tells the peers.
@@ -193,12 +177,12 @@ impl Engine {
 
     /// Closes the links cleanly (after the last operation).
     pub fn close(&mut self, farewell: Farewell) {
-        if self.dead.is_some() {
+        if self.fate.dead.is_some() {
             return;
         }
         let mid: Vec<bool> = self.peers.iter().map(|p| p.out.is_some()).collect();
         self.links.close_all(&farewell, &mid, Duration::from_secs(2));
-        self.dead = Some(Error::Internal("communicator used after it was closed".into()));
+        self.fate.dead = Some(Error::Internal("communicator used after it was closed".into()));
     }
 
     /// Runs collective `plan` as operation number `seq` on `bufs`.
@@ -209,10 +193,7 @@ impl Engine {
             return Err(Error::Internal(format!("{desc}: buffers smaller than the plan's")));
         }
         let res = self.run_program(&desc, plan, bufs).map_err(|e| self.explain(e));
-        if self.history.len() == HISTORY {
-            self.history.pop_front();
-        }
-        self.history.push_back(desc);
+        self.fate.record(desc);
         if let Err(e) = &res {
             // The operations before it are in the stream's flight record.
             tracing::error!(rank = self.rank, comm = self.comm, "{e}");

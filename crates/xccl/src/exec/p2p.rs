@@ -120,7 +120,7 @@ impl Engine {
                         .ok_or_else(|| protocol("continuation of a dropped message".into()))?;
                     (s.filled, s.data.len())
                 }
-                Target::Reason => return Err(protocol("continuation of an abort notice".into())),
+                Target::Reason { .. } => return Err(protocol("continuation of an abort notice".into())),
             };
             if h.offset != received as u64 || h.total != total as u64 {
                 return Err(protocol(format!(

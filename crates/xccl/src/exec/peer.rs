@@ -27,6 +27,8 @@ pub(super) struct Peer {
     pub continuing: Option<Target>,
     /// Point-to-point messages sent to the peer so far (the next one's number).
     pub p2p_sent: u64,
+    /// The reason of the abort notice being read from the peer.
+    pub notice: Vec<u8>,
 }
 
 impl Peer {
@@ -52,6 +54,7 @@ impl Peer {
             inbound: Inbound::Idle,
             continuing: None,
             p2p_sent: 0,
+            notice: Vec::new(),
         }
     }
 

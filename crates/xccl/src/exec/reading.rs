@@ -16,8 +16,12 @@ pub(super) enum Target {
     Task(usize),
     /// A point-to-point message nobody has asked for yet, kept in the stash under this id.
     Stash(u64),
-    /// The reason of an abort frame.
-    Reason,
+    /// The reason of an abort notice naming rank `origin` as where the failure began,
+    /// gathered in the peer's `notice`.
+    Reason {
+        /// The rank where the failure began.
+        origin: usize,
+    },
 }
 
 /// Reading state of one incoming stream, kept across operations.
