@@ -210,8 +210,10 @@ pub(crate) struct Memory {
     pub procs: Vec<(usize, usize, i32)>,
     /// Each rank's index in `host`, for the ranks on memory links (and this one).
     index: Vec<Option<usize>>,
-    /// When this rank last moved to a free core (see [`idle`]).
+    /// When this rank last moved to another core (see [`idle`]).
     moved: Option<std::time::Instant>,
+    /// When this rank last looked whether the host's ranks are spread over its cores.
+    looked: Option<std::time::Instant>,
     /// How many threads of the system are runnable ([`idle::runnable`]; tests set their own).
     runnable: fn() -> Option<usize>,
 }
@@ -226,7 +228,7 @@ impl Memory {
         procs: Vec<(usize, usize, i32)>,
     ) -> Memory {
         let polling = polling_for(host.members());
-        Memory { host, me, polling, procs, index, moved: None, runnable: idle::runnable }
+        Memory { host, me, polling, procs, index, moved: None, looked: None, runnable: idle::runnable }
     }
 }
 
