@@ -53,9 +53,12 @@ const SPINS_PER_LOOK: u32 = 64;
 /// settle, and a rank never chases its peer.
 const MOVE_GAP: Duration = Duration::from_millis(2);
 
-/// How `ranks` ranks sharing this host poll.
-pub(crate) fn polling_for(ranks: usize) -> Polling {
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+/// The least time between two looks of a rank on a crowded host at where the host's ranks
+/// run: a look reads every rank's status, a few cache lines.
+const LOOK_GAP: Duration = Duration::from_micros(100);
+
+/// How `ranks` ranks sharing this host, each allowed `cores` cores, poll.
+pub(crate) fn polling_for(ranks: usize, cores: usize) -> Polling {
     if ranks <= cores { Polling::Spin(SPIN) } else { Polling::Yield(YIELD) }
 }
 
@@ -100,7 +103,7 @@ impl Memory {
         match self.polling {
             Polling::Yield(budget) => {
                 (spell.yielding, spell.budget) = (true, budget);
-                if self.looked.is_none_or(|t| spell.since.duration_since(t) >= MOVE_GAP) {
+                if self.looked.is_none_or(|t| spell.since.duration_since(t) >= LOOK_GAP) {
                     self.looked = Some(spell.since);
                     self.spread(cpu);
                 }
@@ -163,19 +166,20 @@ impl Memory {
     /// rank's) than their fair share of the cores this rank may use (rounded up), and this
     /// rank is not among the first that many there, moves it to the allowed core with the
     /// fewest of them, and lets it go again. Only while nothing but the host's ranks is
-    /// runnable (`Memory::runnable`), at most once per [`MOVE_GAP`].
+    /// runnable (`Memory::runnable`), at most once per [`MOVE_GAP`]; the look itself, every
+    /// [`LOOK_GAP`] at most, makes no system call unless the rank is to move.
     fn spread(&mut self, cpu: Option<usize>) {
         let Some(cpu) = cpu else { return };
         let members = self.host.members();
         let statuses: Vec<Option<usize>> = (0..members).map(|i| self.host.status(i).cpu()).collect();
         let on = |c: usize| statuses.iter().filter(|&&s| s == Some(c)).count();
         let ahead = statuses[..self.me.min(members)].iter().filter(|&&s| s == Some(cpu)).count();
-        let Ok(allowed) = sched_getaffinity(None) else { return };
-        let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
-        let fair = members.div_ceil(cores.len().max(1));
-        if cores.len() < 2 || ahead < fair || self.moved.is_some_and(|t| t.elapsed() < MOVE_GAP) {
+        let fair = members.div_ceil(self.cores.max(1));
+        if self.cores < 2 || ahead < fair || self.moved.is_some_and(|t| t.elapsed() < MOVE_GAP) {
             return;
         }
+        let Ok(allowed) = sched_getaffinity(None) else { return };
+        let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
         let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return };
         if on(to) + 1 > fair || (self.runnable)().is_none_or(|r| r > members.max(cores.len())) {
             return;

@@ -214,6 +214,8 @@ pub(crate) struct Memory {
     moved: Option<std::time::Instant>,
     /// When this rank last looked whether the host's ranks are spread over its cores.
     looked: Option<std::time::Instant>,
+    /// The cores this rank may use (when it was made).
+    cores: usize,
     /// How many threads of the system are runnable ([`idle::runnable`]; tests set their own).
     runnable: fn() -> Option<usize>,
 }
@@ -227,8 +229,9 @@ impl Memory {
         index: Vec<Option<usize>>,
         procs: Vec<(usize, usize, i32)>,
     ) -> Memory {
-        let polling = polling_for(host.members());
-        Memory { host, me, polling, procs, index, moved: None, looked: None, runnable: idle::runnable }
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let polling = polling_for(host.members(), cores);
+        Memory { host, me, polling, procs, index, moved: None, looked: None, cores, runnable: idle::runnable }
     }
 }
 
