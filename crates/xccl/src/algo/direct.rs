@@ -7,11 +7,14 @@
 //! links share no wire: ranks meet twice instead of `2 (n - 1)` times, which matters most when
 //! there are more ranks than cores and every meeting waits for a time slice.
 //!
+//! All-to-all is every rank's pairwise exchange in one step: `n - 1` messages out and in at
+//! once, where pairwise exchange takes `n - 1` steps and Bruck `⌈log2 n⌉`.
+//!
 //! A rank visits its peers starting from the next one (`r + 1, r + 2, ...`), so that no
 //! rank is everybody's first source. Block `r` is reduced by rank `r` alone, in a fixed
 //! order, and then copied: every rank ends with the same bits.
 
-use super::{Algorithm, Declaration, Implementation};
+use super::{Algorithm, Declaration, Implementation, Shape};
 use crate::coll::CollKind;
 use crate::schedule::{Blocks, Buf, Program, Region};
 
@@ -23,6 +26,14 @@ pub(super) const DECLARATION: Declaration = Declaration {
         Implementation::any(CollKind::AllReduce, |c| Some(all_reduce(c.rank, c.n(), c.count()?))),
         Implementation::any(CollKind::AllGather, |c| Some(all_gather(c.rank, c.gather()?))),
         Implementation::any(CollKind::ReduceScatter, |c| Some(reduce_scatter(c.rank, c.scatter()?))),
+        Implementation::any(CollKind::AllToAll, |c| match c.shape {
+            Shape::Count(block) => {
+                let b = Blocks::uniform(*block, c.n());
+                Some(all_to_all(c.rank, &b, &b))
+            }
+            Shape::Exchange { send, recv } => Some(all_to_all(c.rank, send, recv)),
+            _ => None,
+        }),
     ],
 };
 
@@ -80,5 +91,21 @@ pub fn all_gather(rank: usize, blocks: &Blocks) -> Program {
     all_gather_step(&mut p, rank, blocks, own);
     // The own block is copied after the messages are out.
     p.steps[0].copy(own, blocks.region(Buf::Output, rank));
+    p
+}
+
+/// All-to-all: block `q` of `send` goes to rank `q`, block `q` of `recv` comes from rank `q`,
+/// every message in one step (empty ones too: ranks cannot tell locally whether a peer
+/// sends nothing, as in pairwise exchange).
+pub fn all_to_all(rank: usize, send: &Blocks, recv: &Blocks) -> Program {
+    let n = send.count();
+    let mut p = Program::new();
+    let s = p.step();
+    for q in peers(rank, n) {
+        s.send(q, send.region(Buf::Input, q));
+        s.recv(q, recv.region(Buf::Output, q));
+    }
+    // The own block is copied after the messages are out.
+    s.copy(send.region(Buf::Input, rank), recv.region(Buf::Output, rank));
     p
 }

@@ -474,7 +474,7 @@ mod tests {
             (CollKind::Reduce, &[A::Binomial]),
             (CollKind::Scatter, &[A::Linear]),
             (CollKind::Gather, &[A::Linear]),
-            (CollKind::AllToAll, &[A::Pairwise, A::Bruck]),
+            (CollKind::AllToAll, &[A::Pairwise, A::Bruck, A::Direct]),
             (CollKind::Barrier, &[A::Dissemination]),
         ];
         for (kind, want) in lists {

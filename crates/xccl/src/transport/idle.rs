@@ -165,8 +165,8 @@ impl Memory {
     /// On a crowded host: if more of the host's ranks last waited on core `cpu` (this
     /// rank's) than their fair share of the cores this rank may use (rounded up), and this
     /// rank is not among the first that many there, moves it to the allowed core with the
-    /// fewest of them, and lets it go again. Only while nothing but the host's ranks is
-    /// runnable (`Memory::runnable`), at most once per [`MOVE_GAP`]; the look itself, every
+    /// fewest of them, and lets it go again. Only while nothing but the host's awake ranks
+    /// is runnable (`Memory::runnable`), at most once per [`MOVE_GAP`]; the look itself, every
     /// [`LOOK_GAP`] at most, makes no system call unless the rank is to move.
     fn spread(&mut self, cpu: Option<usize>) {
         let Some(cpu) = cpu else { return };
@@ -181,7 +181,11 @@ impl Memory {
         let Ok(allowed) = sched_getaffinity(None) else { return };
         let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
         let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return };
-        if on(to) + 1 > fair || (self.runnable)().is_none_or(|r| r > members.max(cores.len())) {
+        // Runnable threads beyond the host's ranks that are awake (a data loader, another
+        // job, a CPU-bound process beside the job) are invisible in the ranks' statuses: the
+        // scheduler places the ranks around them better than a count of ranks would.
+        let awake = (0..members).filter(|&i| !self.host.bell(i).armed()).count();
+        if on(to) + 1 > fair || (self.runnable)().is_none_or(|r| r > awake) {
             return;
         }
         self.moved = Some(Instant::now());
@@ -367,6 +371,8 @@ mod tests {
         let stays = |me: usize, here: [bool; 4], runnable: fn() -> Option<usize>| {
             let mut m = crowded(me, 4);
             m.runnable = runnable;
+            // Rank 3 is asleep: four runnable threads are one more than the awake ranks.
+            let _ = m.host.bell(3).arm();
             let cpu = current_cpu().expect("sched_getcpu");
             let other = cores.iter().copied().find(|&c| c != cpu).expect("another core");
             for (i, on) in here.into_iter().enumerate() {
@@ -375,13 +381,13 @@ mod tests {
             m.spell(&[0]);
             m.moved.is_none()
         };
-        let idle = || Some(1);
+        let idle = || Some(3);
         assert!(stays(1, [true, true, false, false], idle), "two and two: the second on a core stays");
         assert!(stays(3, [false, false, true, true], idle), "two and two, on the other core");
         assert!(stays(1, [true, true, true, false], idle), "three and one: the first two stay");
         // (The scheduler may move the thread between the looks at its core: then try again.)
         let moves = (0..100).any(|_| !stays(2, [true, true, true, false], idle));
         assert!(moves, "three and one: the third moves");
-        assert!(stays(2, [true, true, true, false], || Some(5)), "something else runnable: it stays");
+        assert!(stays(2, [true, true, true, false], || Some(4)), "something else runnable: it stays");
     }
 }
