@@ -166,8 +166,8 @@ impl Memory {
     /// rank's) than their fair share of the cores this rank may use (rounded up), and this
     /// rank is not among the first that many there, moves it to the allowed core with the
     /// fewest of them, and lets it go again. Only while nothing but the host's awake ranks
-    /// is runnable (`Memory::runnable`), at most once per [`MOVE_GAP`]; the look itself, every
-    /// [`LOOK_GAP`] at most, makes no system call unless the rank is to move.
+    /// is runnable (`Memory::runnable`), tried at most once per [`MOVE_GAP`]; the look itself,
+    /// every [`LOOK_GAP`] at most, makes no system call unless the rank is to move.
     fn spread(&mut self, cpu: Option<usize>) {
         let Some(cpu) = cpu else { return };
         let members = self.host.members();
@@ -178,6 +178,10 @@ impl Memory {
         if self.cores < 2 || ahead < fair || self.moved.is_some_and(|t| t.elapsed() < MOVE_GAP) {
             return;
         }
+        // What follows costs system calls (the mask, `/proc/loadavg`): tried once per gap
+        // whether or not the rank moves, so that a rank kept in place by a busy system does
+        // not pay them at every look.
+        self.moved = Some(Instant::now());
         let Ok(allowed) = sched_getaffinity(None) else { return };
         let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
         let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return };
@@ -188,7 +192,6 @@ impl Memory {
         if on(to) + 1 > fair || (self.runnable)().is_none_or(|r| r > awake) {
             return;
         }
-        self.moved = Some(Instant::now());
         self.move_to(to, &allowed);
     }
 
