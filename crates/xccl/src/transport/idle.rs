@@ -168,45 +168,48 @@ impl Memory {
     /// fewest of them, and lets it go again. Only while nothing but the host's awake ranks
     /// is runnable (`Memory::runnable`), tried at most once per [`MOVE_GAP`]; the look itself,
     /// every [`LOOK_GAP`] at most, makes no system call unless the rank is to move.
-    fn spread(&mut self, cpu: Option<usize>) {
-        let Some(cpu) = cpu else { return };
+    /// Returns whether it moved.
+    fn spread(&mut self, cpu: Option<usize>) -> bool {
+        let Some(cpu) = cpu else { return false };
         let members = self.host.members();
         let statuses: Vec<Option<usize>> = (0..members).map(|i| self.host.status(i).cpu()).collect();
         let on = |c: usize| statuses.iter().filter(|&&s| s == Some(c)).count();
         let ahead = statuses[..self.me.min(members)].iter().filter(|&&s| s == Some(cpu)).count();
         let fair = members.div_ceil(self.cores.max(1));
         if self.cores < 2 || ahead < fair || self.moved.is_some_and(|t| t.elapsed() < MOVE_GAP) {
-            return;
+            return false;
         }
         // What follows costs system calls (the mask, `/proc/loadavg`): tried once per gap
         // whether or not the rank moves, so that a rank kept in place by a busy system does
         // not pay them at every look.
         self.moved = Some(Instant::now());
-        let Ok(allowed) = sched_getaffinity(None) else { return };
+        let Ok(allowed) = sched_getaffinity(None) else { return false };
         let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
-        let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return };
+        let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return false };
         // Runnable threads beyond the host's ranks that are awake (a data loader, another
         // job, a CPU-bound process beside the job) are invisible in the ranks' statuses: the
         // scheduler places the ranks around them better than a count of ranks would.
         let awake = (0..members).filter(|&i| !self.host.bell(i).armed()).count();
         if on(to) + 1 > fair || (self.runnable)().is_none_or(|r| r > awake) {
-            return;
+            return false;
         }
-        self.move_to(to, &allowed);
+        self.move_to(to, &allowed)
     }
 
     /// Migrates this thread to core `to`, then gives it back its mask `allowed` (which
     /// leaves it where it is), and publishes its new core.
-    fn move_to(&self, to: usize, allowed: &CpuSet) {
+    fn move_to(&self, to: usize, allowed: &CpuSet) -> bool {
         let mut only = CpuSet::new();
         only.set(to);
         // Setting the mask migrates the thread at once; restoring it leaves the thread where
         // it is. If the first call fails nothing moved; if the second fails the thread
         // stays bound to `to`, a core it was allowed, so either is harmless.
-        if sched_setaffinity(None, &only).is_ok() {
+        let moved = sched_setaffinity(None, &only).is_ok();
+        if moved {
             let _ = sched_setaffinity(None, allowed);
             self.host.status(self.me).set_cpu(Some(to));
         }
+        moved
     }
 
     /// Moves this thread to a core that no rank of the host last waited on, if there is one
@@ -376,21 +379,18 @@ mod tests {
             m.runnable = runnable;
             // Rank 3 is asleep: four runnable threads are one more than the awake ranks.
             let _ = m.host.bell(3).arm();
-            let cpu = current_cpu().expect("sched_getcpu");
-            let other = cores.iter().copied().find(|&c| c != cpu).expect("another core");
+            let (cpu, other) = (cores[0], cores[1]);
             for (i, on) in here.into_iter().enumerate() {
                 m.host.status(i).set_cpu(Some(if on || i == me { cpu } else { other }));
             }
-            m.spell(&[0]);
-            m.moved.is_none()
+            !m.spread(Some(cpu))
         };
         let idle = || Some(3);
         assert!(stays(1, [true, true, false, false], idle), "two and two: the second on a core stays");
         assert!(stays(3, [false, false, true, true], idle), "two and two, on the other core");
         assert!(stays(1, [true, true, true, false], idle), "three and one: the first two stay");
-        // (The scheduler may move the thread between the looks at its core: then try again.)
-        let moves = (0..100).any(|_| !stays(2, [true, true, true, false], idle));
-        assert!(moves, "three and one: the third moves");
+        assert!(!stays(2, [true, true, true, false], idle), "three and one: the third moves");
+        assert_eq!(sched_getaffinity(None).expect("affinity"), allowed, "the mask is back");
         assert!(stays(2, [true, true, true, false], || Some(4)), "something else runnable: it stays");
     }
 }
