@@ -172,9 +172,11 @@ impl Memory {
     fn spread(&mut self, cpu: Option<usize>) -> bool {
         let Some(cpu) = cpu else { return false };
         let members = self.host.members();
-        let statuses: Vec<Option<usize>> = (0..members).map(|i| self.host.status(i).cpu()).collect();
-        let on = |c: usize| statuses.iter().filter(|&&s| s == Some(c)).count();
-        let ahead = statuses[..self.me.min(members)].iter().filter(|&&s| s == Some(cpu)).count();
+        // Read where they are, not copied: this look runs every `LOOK_GAP` on a crowded host.
+        let on_among =
+            |c: usize, ranks: usize| (0..ranks).filter(|&i| self.host.status(i).cpu() == Some(c)).count();
+        let on = |c: usize| on_among(c, members);
+        let ahead = on_among(cpu, self.me.min(members));
         let fair = members.div_ceil(self.cores.max(1));
         if self.cores < 2 || ahead < fair || self.moved.is_some_and(|t| t.elapsed() < MOVE_GAP) {
             return false;
