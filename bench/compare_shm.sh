@@ -9,6 +9,10 @@
 #                                                       the summary compares the two row by row
 #                                                       against the noise band measured)
 #
+# The 64 MiB all-reduce is also run on 2 MiB pages (HUGE_SIZES): xccl on its HostBuffers
+# (`--huge-pages`), and, where this script may set the system's transparent-huge-page mode
+# (root), Open MPI with THP=always, so that both copy out of huge pages; the mode is put back.
+#
 # Needs the peers (../shared/bench/peers/install_peers.sh: Open MPI, MPICH, a venv with torch
 # in /tmp/peers-venv). Every command runs under the peers' prio_run.sh (own scheduler
 # autogroup, nice -10), as the peer baselines were measured. Raw outputs go to $OUT (one file
@@ -27,6 +31,11 @@ TARGET_SEC="${TARGET_SEC:-0.3}"
 PRIO="$PEERS/prio_run.sh"
 XCCL="$REPO/target/release/xccl"
 COLLS="all_reduce all_gather reduce_scatter broadcast all_to_all"
+HUGE_SIZES="${HUGE_SIZES:-64M}"
+THP=/sys/kernel/mm/transparent_hugepage/enabled
+THP_WAS="$(sed 's/.*\[\(.*\)\].*/\1/' "$THP" 2>/dev/null || true)"
+restore_thp() { if [ -w "$THP" ] && [ -n "$THP_WAS" ]; then echo "$THP_WAS" > "$THP"; fi; }
+trap restore_thp EXIT
 
 for need in "$PRIO" "$PY" "$(command -v mpicc || true)" "$(command -v mpicc.mpich || true)"; do
   [ -n "$need" ] && [ -e "$need" ] || { echo "missing $need: run $PEERS/install_peers.sh first" >&2; exit 1; }
@@ -72,6 +81,16 @@ for rep in $(seq 1 "$REPS"); do
       XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
     COLLS=all_reduce xccl_all "$OUT/xcclinplace_n${np}_r$rep.txt" "$np" --inplace
+    if [ -n "$HUGE_SIZES" ]; then
+      SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/xcclhuge_n${np}_r$rep.txt" "$np" --huge-pages
+      SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/xcclhugeinplace_n${np}_r$rep.txt" "$np" --huge-pages --inplace
+      if [ -w "$THP" ]; then
+        echo always > "$THP"
+        "$PRIO" mpirun --allow-run-as-root --oversubscribe -np "$np" "$BIN/mpi_coll_ompi" -s "$HUGE_SIZES" \
+          -o allreduce -t "$TARGET_SEC" > "$OUT/ompihuge_n${np}_r$rep.txt" 2>&1
+        restore_thp
+      fi
+    fi
   done
 done
 python3 "$HERE/summarize_shm.py" "$OUT" > "$OUT/summary.md"

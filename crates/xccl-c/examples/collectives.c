@@ -1,6 +1,7 @@
 /* Every collective of the C API, checked against a reference computed here from what each
  * rank contributes: blocking and asynchronous forms, in place and out of place, three element
- * types, the uneven forms, point-to-point, split and dup, a timed wait, and errors.
+ * types, the uneven forms, point-to-point, split and dup, a timed wait, memory from
+ * xcclMemAlloc, and errors.
  *
  *   cc collectives.c $(pkg-config --cflags --libs xccl) -o collectives
  *   xccl run -n 3 -- ./collectives
@@ -313,6 +314,42 @@ static void groups(void) {
     CALL(xcclCommDestroy(half));
 }
 
+/* Memory from xcclMemAlloc: zeroed, aligned to 2 MiB, usable by every call (an all-reduce
+ * large enough to be copied between processes straight out of the peer's memory), freed
+ * once; a pointer it did not return is refused. */
+static void memory(void) {
+    size_t n = 3 << 20; /* floats: 12 MiB */
+    float *in = NULL, *out = NULL;
+    CALL(xcclMemAlloc((void **)&in, n * sizeof(float)));
+    CALL(xcclMemAlloc((void **)&out, n * sizeof(float)));
+    checks++;
+    if ((uintptr_t)in % (2u << 20) != 0 || out == in) {
+        fprintf(stderr, "rank %d: xcclMemAlloc returned %p and %p\n", rank, (void *)in, (void *)out);
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        expect("xcclMemAlloc zeroed", i, out[i], 0);
+        in[i] = (float)value(rank, i);
+    }
+    CALL(xcclAllReduce(in, out, n, xcclFloat32, xcclSum, comm, NULL));
+    for (size_t i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < size; r++) s += value(r, i);
+        expect("all_reduce on xcclMemAlloc memory", i, out[i], s);
+    }
+    CALL(xcclMemFree(in));
+    CALL(xcclMemFree(out));
+    CALL(xcclMemFree(NULL));
+    void *none = (void *)1;
+    CALL(xcclMemAlloc(&none, 0));
+    checks++;
+    xcclResult_t rc = xcclMemFree(out);
+    if (none != NULL || rc != xcclInvalidArgument || !strstr(xcclGetLastError(), "freed already")) {
+        fprintf(stderr, "rank %d: xcclMemFree twice: %d %s\n", rank, rc, xcclGetLastError());
+        exit(1);
+    }
+}
+
 /* Wrong arguments fail at once, on the rank that passed them, with a message. */
 static void errors(void) {
     float x = 0;
@@ -357,6 +394,7 @@ int main(void) {
     point_to_point();
     timed_wait();
     groups();
+    memory();
     errors();
     CALL(xcclBarrier(comm, NULL));
     CALL(xcclCommDestroy(comm));

@@ -382,6 +382,28 @@ xcclResult_t xcclCommUserRank(xcclComm_t comm,
                               int *rank);
 
 /**
+ * Allocates `size` bytes of zeroed memory on 2 MiB pages (where the system has transparent
+ * huge pages) and stores its address in `*ptr`; `size` 0 stores NULL. Free it with
+ * [`xcclMemFree`]. Any xccl call accepts any memory; this memory makes large messages
+ * between processes of one host faster.
+ *
+ * # Safety
+ * `ptr` points to a `void *`.
+ */
+xcclResult_t xcclMemAlloc(void **ptr,
+                          size_t size);
+
+/**
+ * Frees memory from [`xcclMemAlloc`]; NULL is ignored. A pointer that `xcclMemAlloc` did
+ * not return, or one already freed, is [`xcclInvalidArgument`](super::xcclInvalidArgument)
+ * and frees nothing.
+ *
+ * # Safety
+ * No operation still uses the memory, and nothing reads or writes it afterwards.
+ */
+xcclResult_t xcclMemFree(void *ptr);
+
+/**
  * All-reduce of `count` elements: `recvbuff` gets the reduction by `op` of every rank's
  * `sendbuff`. In place when `sendbuff == recvbuff`.
  *

@@ -94,8 +94,9 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             every_algo: false,
             proto: None,
             every_proto: false,
+            huge_pages: false,
         };
-        let mut k = bench::case::<f32>(&c, &args, bytes);
+        let mut k = bench::case::<f32>(&c, &args, bytes)?;
         bench::run_once(&c, &args, &mut k)?;
         let mut wrong = bench::wrong(&k);
         c.barrier()?;

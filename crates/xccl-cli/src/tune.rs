@@ -163,6 +163,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             every_algo: false,
             proto: None,
             every_proto: false,
+            huge_pages: false,
         };
         for &algo in Algorithm::for_collective(kind) {
             if !algo.supports(kind, c.size(), &Shape::Count(1)) {

@@ -1,5 +1,5 @@
-//! `xccl bench` sweeps protocols beside algorithms, and `XCCL_DEBUG=info` names each plan's
-//! protocols beside its algorithm.
+//! `xccl bench` sweeps protocols beside algorithms, `XCCL_DEBUG=info` names each plan's
+//! protocols beside its algorithm, and buffers on huge pages carry every collective.
 
 mod common;
 
@@ -61,4 +61,30 @@ fn the_debug_log_names_each_plans_protocols_and_bad_lists_are_refused() {
     assert!(all.contains("protocols stream") && all.contains("all_reduce #"), "{all}");
     let out = xccl().args(["bench", "all_reduce", "--local", "2", "--proto", "ll128"]).output().unwrap();
     assert!(!out.status.success() && text(&out).contains("unknown protocol 'll128'"), "{}", text(&out));
+}
+
+#[test]
+fn buffers_on_huge_pages_carry_every_collective_between_processes() {
+    // Processes, so that large messages are copied straight out of the peer's memory (the
+    // path huge pages speed up); sizes on both sides of the pull threshold.
+    for (coll, extra) in [
+        ("all_reduce", None),
+        ("all_reduce", Some("--inplace")),
+        ("all_gather", None),
+        ("reduce_scatter", None),
+        ("all_to_all", None),
+        ("broadcast", None),
+        ("sendrecv", None),
+    ] {
+        let mut cmd = xccl();
+        cmd.args(["run", "-n", "2", "--", env!("CARGO_BIN_EXE_xccl"), "bench", coll, "--huge-pages"]);
+        cmd.args(["--sizes", "8,1M,6M", "-n", "3", "-w", "1"]).args(extra);
+        let out = run_ok(&mut cmd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let rows = stdout
+            .lines()
+            .filter(|l| l.starts_with("[0]") && l[3..].trim_start().starts_with(char::is_numeric));
+        assert_eq!(rows.count(), 3, "{coll} {extra:?}: a row per size\n{}", text(&out));
+        assert!(stdout.contains("Out of bounds values : 0 OK"), "{coll} {extra:?}\n{}", text(&out));
+    }
 }

@@ -5,8 +5,8 @@
 //! reduce, all-reduce, all-gather (also with uneven counts), reduce-scatter (also uneven),
 //! all-to-all (also uneven) and barrier, on slices of `f32`, `f64`, `f16`, `bf16`, `i8`, `i32`, `i64`,
 //! `u8`, `u32` and `u64`, with the reductions of [`ReduceOp`]. Every operation has a
-//! blocking form on slices and an asynchronous form on owned buffers (a `Vec`, or any
-//! [`Buffer`]) that returns a [`Work`]; operations run in issue order on the communicator's progress thread, so
+//! blocking form on slices and an asynchronous form on owned buffers (a `Vec`, a
+//! [`HostBuffer`] on huge pages for large messages between processes, or any [`Buffer`]) that returns a [`Work`]; operations run in issue order on the communicator's progress thread, so
 //! computation can go on while they do. [`Communicator::split`] makes sub-groups.
 //!
 //! Ranks can be threads of one process ([`Communicator::local`]) or processes on any hosts,
@@ -67,6 +67,7 @@ pub mod flight;
 mod frame;
 #[cfg(test)]
 mod fuzz;
+mod host_buffer;
 pub mod protocol;
 mod reduce;
 pub mod schedule;
@@ -81,6 +82,7 @@ pub use comm::Communicator;
 pub use config::{Config, parse_bytes};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use host_buffer::HostBuffer;
 pub use reduce::{ReduceOp, reference_reduce};
 pub use work::{Buffer, Event, OpSpan, SpanOp, Work};
 

@@ -17,6 +17,7 @@
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 mod comm;
+mod mem;
 mod ops;
 mod work;
 
@@ -25,6 +26,7 @@ use std::ffi::{CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 pub use comm::*;
+pub use mem::*;
 pub use ops::*;
 pub use work::*;
 

@@ -5,14 +5,19 @@
 //! warm-up runs; then timed back-to-back runs between two barriers, their number chosen by
 //! rank 0 so the loop lasts about `--target-sec` unless `-n` fixes it; the result is checked
 //! again after the loop. `time` is the per-run time averaged over ranks, `tmax` the slowest
-//! rank's. Buffers are out of place (in place for broadcast), freshly allocated per size.
+//! rank's. Buffers are out of place (in place for broadcast), freshly allocated per size, on
+//! the heap or (`--huge-pages`) on 2 MiB pages.
 
 use std::time::Instant;
 
 use xccl::algo::{Algorithm, Shape};
 use xccl::protocol::{Protocol, ProtocolPolicy};
-use xccl::schedule::Blocks;
-use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16, reference_reduce};
+use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16};
+
+mod case;
+
+use case::wrong_count;
+pub(crate) use case::{case, run_once, wrong};
 
 /// The operation to measure: a collective ([`CollKind`]; `reduce_scatter_v` is its uneven
 /// variant, rank k's block 1 + k % 3 parts of the per-rank input) or, as `sendrecv`
@@ -127,6 +132,10 @@ pub struct BenchArgs {
     /// Print rows in the peer harnesses' format (no root column) for `summarize.py`.
     #[arg(long)]
     pub peer_format: bool,
+    /// Buffers on 2 MiB pages (`xccl::HostBuffer`), which large messages between processes
+    /// of one host copy much faster from; by default, ordinary heap memory (`Vec`).
+    #[arg(long)]
+    pub huge_pages: bool,
     /// Run in place (one buffer for input and output), as PyTorch's API does; results are
     /// checked on the first run only, since every run changes the data.
     #[arg(long)]
@@ -230,190 +239,6 @@ fn bench_rank(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Resu
     typed!(F32 => f32, F64 => f64, F16 => f16, BF16 => bf16, I8 => i8, I32 => i32, I64 => i64, U8 => u8, U32 => u32, U64 => u64)
 }
 
-/// Small integers, so that every reduction is exact in every type; the pattern repeats
-/// every 35 elements.
-fn val<T: Element>(op: ReduceOp, rank: usize, i: usize) -> T {
-    let v = match op {
-        ReduceOp::Prod => 1 + usize::from((rank + i).is_multiple_of(5)),
-        _ => (rank * 3 + i) % 7,
-    };
-    T::from_f64(v as f64)
-}
-
-/// One size of one collective: buffers, how to run it, and the exact expected output.
-pub(crate) struct Case<T> {
-    input: Vec<T>,
-    output: Vec<T>,
-    expected: Vec<T>,
-    /// Elements as nccl-tests counts them.
-    pub count: usize,
-    /// The layout the call passes (what plans and algorithms are chosen by).
-    shape: Shape,
-    /// The blocks of an uneven call.
-    counts: Vec<usize>,
-    /// The result lands in `input` (in-place all-reduce).
-    inplace: bool,
-}
-
-pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize) -> Case<T> {
-    let (n, r, root) = (c.size(), c.rank(), args.root);
-    let es = size_of::<T>();
-    let op = args.op;
-    let elems = (bytes / es).max(1);
-    let block = (elems / n).max(1);
-    let reduced = |i: usize| -> T {
-        let v: Vec<T> = (0..n).map(|q| val(op, q, i)).collect();
-        reference_reduce(op, &v).unwrap_or_else(|| T::from_f64(0.0))
-    };
-    let code = |s: usize, d: usize, j: usize| T::from_f64(((s * 5 + d * 3 + j) % 11) as f64);
-    let filler = T::from_f64(99.0);
-    let inplace = args.inplace && args.coll.kind == CollKind::AllReduce;
-    match args.coll.kind {
-        CollKind::AllReduce | CollKind::Reduce => {
-            let table: Vec<T> = (0..35).map(reduced).collect();
-            let is_out = args.coll.kind == CollKind::AllReduce || r == root;
-            Case {
-                input: (0..elems).map(|i| val(op, r, i)).collect(),
-                output: vec![filler; if is_out && !inplace { elems } else { 0 }],
-                expected: if is_out { (0..elems).map(|i| table[i % 35]).collect() } else { Vec::new() },
-                count: elems,
-                shape: Shape::Count(elems),
-                counts: Vec::new(),
-                inplace,
-            }
-        }
-        CollKind::Broadcast => Case {
-            input: Vec::new(),
-            output: (0..elems).map(|i| if r == root { val(op, root, i) } else { filler }).collect(),
-            expected: (0..elems).map(|i| val(op, root, i)).collect(),
-            count: elems,
-            shape: Shape::Count(elems),
-            counts: Vec::new(),
-            inplace: false,
-        },
-        CollKind::AllGather | CollKind::Gather => {
-            let is_out = args.coll.kind == CollKind::AllGather || r == root;
-            Case {
-                input: (0..block).map(|j| val(op, r, j)).collect(),
-                output: vec![filler; if is_out { block * n } else { 0 }],
-                expected: if is_out {
-                    (0..block * n).map(|k| val(op, k / block, k % block)).collect()
-                } else {
-                    Vec::new()
-                },
-                count: block * n,
-                shape: Shape::Count(block),
-                counts: Vec::new(),
-                inplace: false,
-            }
-        }
-        CollKind::ReduceScatter if !args.coll.uneven => {
-            let table: Vec<T> = (0..35).map(reduced).collect();
-            Case {
-                input: (0..block * n).map(|i| val(op, r, i)).collect(),
-                output: vec![filler; block],
-                expected: (0..block).map(|j| table[(r * block + j) % 35]).collect(),
-                count: block * n,
-                shape: Shape::Count(block),
-                counts: Vec::new(),
-                inplace: false,
-            }
-        }
-        CollKind::ReduceScatter => {
-            // Rank k's block holds 1 + k % 3 parts; the last block takes what is left over.
-            let parts: Vec<usize> = (0..n).map(|k| 1 + k % 3).collect();
-            let whole: usize = parts.iter().sum();
-            let mut counts: Vec<usize> = parts.iter().map(|p| elems / whole * p).collect();
-            counts[n - 1] += elems - counts.iter().sum::<usize>();
-            let off: usize = counts[..r].iter().sum();
-            let table: Vec<T> = (0..35).map(reduced).collect();
-            Case {
-                input: (0..elems).map(|i| val(op, r, i)).collect(),
-                output: vec![filler; counts[r]],
-                expected: (0..counts[r]).map(|j| table[(off + j) % 35]).collect(),
-                count: elems,
-                shape: Shape::Scatter(Blocks::from_counts(&counts)),
-                counts,
-                inplace: false,
-            }
-        }
-        CollKind::AllToAll => Case {
-            input: (0..block * n).map(|k| code(r, k / block, k % block)).collect(),
-            output: vec![filler; block * n],
-            expected: (0..block * n).map(|k| code(k / block, r, k % block)).collect(),
-            count: block * n,
-            shape: Shape::Count(block),
-            counts: Vec::new(),
-            inplace: false,
-        },
-        CollKind::Scatter => Case {
-            input: if r == root { (0..block * n).map(|k| val(op, root, k)).collect() } else { Vec::new() },
-            output: vec![filler; block],
-            expected: (0..block).map(|j| val(op, root, r * block + j)).collect(),
-            count: block * n,
-            shape: Shape::Count(block),
-            counts: Vec::new(),
-            inplace: false,
-        },
-        CollKind::Barrier => Case {
-            input: Vec::new(),
-            output: Vec::new(),
-            expected: Vec::new(),
-            count: 0,
-            shape: Shape::Count(0),
-            counts: Vec::new(),
-            inplace: false,
-        },
-        CollKind::SendRecv => {
-            let prev = (r + n - 1) % n;
-            Case {
-                input: (0..elems).map(|i| val(op, r, i)).collect(),
-                output: vec![filler; elems],
-                expected: (0..elems).map(|i| val(op, prev, i)).collect(),
-                count: elems,
-                shape: Shape::Count(elems),
-                counts: Vec::new(),
-                inplace: false,
-            }
-        }
-    }
-}
-
-pub(crate) fn run_once<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<()> {
-    let (op, root) = (args.op, args.root);
-    match args.coll.kind {
-        CollKind::AllReduce if args.inplace => c.all_reduce(&mut k.input, op),
-        CollKind::AllReduce => c.all_reduce_into(&k.input, &mut k.output, op),
-        CollKind::Reduce => c.reduce(&k.input, &mut k.output, op, root),
-        CollKind::Broadcast => c.broadcast(&mut k.output, root),
-        CollKind::AllGather => c.all_gather(&k.input, &mut k.output),
-        CollKind::Gather => c.gather(&k.input, &mut k.output, root),
-        CollKind::ReduceScatter if args.coll.uneven => {
-            c.reduce_scatter_v(&k.input, &mut k.output, &k.counts, op)
-        }
-        CollKind::ReduceScatter => c.reduce_scatter(&k.input, &mut k.output, op),
-        CollKind::Barrier => c.barrier(),
-        CollKind::AllToAll => c.all_to_all(&k.input, &mut k.output),
-        CollKind::Scatter => c.scatter(&k.input, &mut k.output, root),
-        CollKind::SendRecv => {
-            let (n, r) = (c.size(), c.rank());
-            if n == 1 {
-                k.output.copy_from_slice(&k.input);
-                return Ok(());
-            }
-            let send = c.isend(std::mem::take(&mut k.input), (r + 1) % n, 0);
-            c.recv(&mut k.output, (r + n - 1) % n, 0)?;
-            k.input = send.wait()?;
-            Ok(())
-        }
-    }
-}
-
-pub(crate) fn wrong<T: Element>(k: &Case<T>) -> usize {
-    let result = if k.inplace { &k.input } else { &k.output };
-    result.iter().zip(&k.expected).filter(|(a, b)| a != b).count()
-}
-
 /// One measured size.
 pub(crate) struct Row {
     /// Bytes as nccl-tests counts them.
@@ -438,7 +263,7 @@ pub(crate) fn measure<T: Element>(
     bytes: usize,
 ) -> xccl::Result<(Row, Shape)> {
     let n = c.size();
-    let mut k = case::<T>(c, args, bytes);
+    let mut k = case::<T>(c, args, bytes)?;
     let mut bad = wrong_count(c, args, &mut k)?;
     let t0 = Instant::now();
     for _ in 0..args.warmup.max(1) {
@@ -629,12 +454,6 @@ fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) 
         return Err(xccl::Error::Internal(format!("{wrong_total} wrong values")));
     }
     Ok(())
-}
-
-/// The untimed correctness run on fresh buffers: the number of wrong elements.
-fn wrong_count<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<usize> {
-    run_once(c, args, k)?;
-    Ok(wrong(k))
 }
 
 #[cfg(test)]
