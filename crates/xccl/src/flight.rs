@@ -6,8 +6,8 @@
 //! algorithm, or a point-to-point message with its peer and tag), its state (`queued`,
 //! `running`, `done`, `failed`) and when it started and finished. Recording costs two reads
 //! of the coarse clock (the scheduler tick: timings are good to a few milliseconds, which is
-//! what telling a stuck operation from a slow one needs; [`Communicator::record_timeline`]
-//! (crate::Communicator::record_timeline) has exact ones), no atomic operation and no
+//! what telling a stuck operation from a slow one needs;
+//! [`Communicator::record_timeline`](crate::Communicator::record_timeline) has exact ones), no atomic operation and no
 //! allocation per operation; the text is made only when the file is written. The file is `XCCL_FLIGHT_DIR/xccl-flight-<comm id>-r<rank>.json` (by default in
 //! `$TMPDIR/xccl-flight`), one per rank, and `xccl flight DIR` prints the ranks of a job side
 //! by side. `XCCL_FLIGHT_RECORDS` sets how many operations are kept (64; `0` turns the

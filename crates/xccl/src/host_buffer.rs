@@ -1,44 +1,4 @@
 //! [`HostBuffer`]: memory for large messages, on 2 MiB pages where the system has them.
-//!
-//! Between processes of one host, xccl copies a large message in one copy, straight out of
-//! (or into) the peer's memory: the kernel's cross-memory attach (`process_vm_readv`). For
-//! every such copy the kernel finds and pins each page of the peer's buffer. On ordinary
-//! 4 KiB pages that is 16 384 page-table walks and pins per 64 MiB, and it costs as much as
-//! the copy itself; on 2 MiB pages it is 32. On this project's machine (docs/PERFORMANCE.md)
-//! a 64 MiB all-reduce of 2 processes runs at 3.0 GB/s out of ordinary memory and at 4.8
-//! GB/s out of a `HostBuffer`; in place, 3.8 and 6.4 GB/s. NCCL's `ncclMemAlloc` plays the
-//! same part for GPU memory.
-//!
-//! A `HostBuffer` is a private anonymous mapping, aligned to 2 MiB and advised
-//! `MADV_HUGEPAGE` before its first touch, so transparent huge pages back it whenever the
-//! system's setting is `always` or `madvise` (the usual default). Where huge pages are off
-//! or none is free, it is ordinary memory and everything works as before, only without the
-//! speed. Messages between threads of one process, small messages and TCP gain nothing.
-//!
-//! ```
-//! use xccl::{Communicator, HostBuffer, ReduceOp};
-//!
-//! # fn main() -> xccl::Result<()> {
-//! let comms = Communicator::local(2)?;
-//! let sums = std::thread::scope(|s| {
-//!     let handles: Vec<_> = comms
-//!         .into_iter()
-//!         .map(|comm| {
-//!             s.spawn(move || -> xccl::Result<HostBuffer<f32>> {
-//!                 let mut grads = HostBuffer::<f32>::zeroed(1 << 20)?;
-//!                 grads.fill(comm.rank() as f32 + 1.0);
-//!                 // In place, as a slice; or owned by an asynchronous operation.
-//!                 comm.all_reduce(&mut grads, ReduceOp::Sum)?;
-//!                 comm.all_reduce_async(grads, ReduceOp::Sum).wait()
-//!             })
-//!         })
-//!         .collect();
-//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<xccl::Result<Vec<_>>>()
-//! })?;
-//! assert!(sums.iter().all(|g| g.iter().all(|x| *x == 6.0)));
-//! # Ok(())
-//! # }
-//! ```
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -53,8 +13,48 @@ use crate::work::Buffer;
 /// alignment and the granularity of a mapping.
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A buffer of `T` in its own mapping on 2 MiB pages (see the [module docs](self)): a
-/// slice to read and write, and a [`Buffer`] that asynchronous operations may own.
+/// A buffer of `T` in its own mapping on 2 MiB pages: a slice to read and write, and a
+/// [`Buffer`] that asynchronous operations may own.
+///
+/// Between processes of one host, xccl copies a large message in one copy, straight out of
+/// (or into) the peer's memory: the kernel's cross-memory attach (`process_vm_readv`). For
+/// every such copy the kernel finds and pins each page of the peer's buffer. On ordinary
+/// 4 KiB pages that is 16 384 page-table walks and pins per 64 MiB, and it costs as much as
+/// the copy itself; on 2 MiB pages it is 32. On this project's machine (`docs/PERFORMANCE.md`)
+/// a 64 MiB all-reduce of 2 processes runs at 3.0 GB/s out of ordinary memory and at 4.8
+/// GB/s out of a `HostBuffer`; in place, 3.8 and 6.4 GB/s. NCCL's `ncclMemAlloc` plays the
+/// same part for GPU memory.
+///
+/// A `HostBuffer` is a private anonymous mapping, aligned to 2 MiB and advised
+/// `MADV_HUGEPAGE` before its first touch, so transparent huge pages back it whenever the
+/// system's setting is `always` or `madvise` (the usual default). Where huge pages are off
+/// or none is free, it is ordinary memory and everything works as before, only without the
+/// speed. Messages between threads of one process, small messages and TCP gain nothing.
+///
+/// ```
+/// use xccl::{Communicator, HostBuffer, ReduceOp};
+///
+/// # fn main() -> xccl::Result<()> {
+/// let comms = Communicator::local(2)?;
+/// let sums = std::thread::scope(|s| {
+///     let handles: Vec<_> = comms
+///         .into_iter()
+///         .map(|comm| {
+///             s.spawn(move || -> xccl::Result<HostBuffer<f32>> {
+///                 let mut grads = HostBuffer::<f32>::zeroed(1 << 20)?;
+///                 grads.fill(comm.rank() as f32 + 1.0);
+///                 // In place, as a slice; or owned by an asynchronous operation.
+///                 comm.all_reduce(&mut grads, ReduceOp::Sum)?;
+///                 comm.all_reduce_async(grads, ReduceOp::Sum).wait()
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap()).collect::<xccl::Result<Vec<_>>>()
+/// })?;
+/// assert!(sums.iter().all(|g| g.iter().all(|x| *x == 6.0)));
+/// # Ok(())
+/// # }
+/// ```
 pub struct HostBuffer<T> {
     /// The first element; dangling when empty.
     ptr: NonNull<T>,

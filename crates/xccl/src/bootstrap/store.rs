@@ -7,7 +7,7 @@
 //! bound.
 //!
 //! The server also answers PyTorch's `TCPStore` protocol on the same port and the same keys
-//! (see [`c10d`](super::c10d)): the first byte of a connection tells which it speaks.
+//! (see [`c10d`]): the first byte of a connection tells which it speaks.
 //! Counters (`add`) are kept as decimal text, as PyTorch keeps them, so both kinds of client
 //! can count on one key.
 
