@@ -107,7 +107,8 @@ impl<T: Element> HostBuffer<T> {
 /// Maps `bytes` (a multiple of [`HUGE_PAGE`]) of zeroed private memory at an address aligned
 /// to [`HUGE_PAGE`], advised for huge pages.
 fn map_aligned(bytes: usize) -> std::io::Result<NonNull<u8>> {
-    let over = bytes + HUGE_PAGE;
+    let over =
+        bytes.checked_add(HUGE_PAGE).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
     // SAFETY: a new private anonymous mapping at an address the kernel chooses; it touches no
     // existing memory.
     let raw = unsafe {
@@ -234,6 +235,11 @@ mod tests {
     fn an_impossible_length_is_an_error() {
         let e = HostBuffer::<u64>::zeroed(usize::MAX / 4).unwrap_err();
         assert!(e.to_string().contains("do not fit"), "{e}");
+        // Representable, but no room for the alignment, or for the mapping.
+        for len in [usize::MAX - HUGE_PAGE, usize::MAX / 2] {
+            let e = HostBuffer::<u8>::zeroed(len).unwrap_err();
+            assert!(e.to_string().contains("HostBuffer: mapping"), "{e}");
+        }
     }
 
     #[test]
