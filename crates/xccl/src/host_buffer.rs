@@ -19,10 +19,10 @@ const HUGE_PAGE: usize = 2 << 20;
 /// Between processes of one host, xccl copies a large message in one copy, straight out of
 /// (or into) the peer's memory: the kernel's cross-memory attach (`process_vm_readv`). For
 /// every such copy the kernel finds and pins each page of the peer's buffer. On ordinary
-/// 4 KiB pages that is 16 384 page-table walks and pins per 64 MiB, and it costs as much as
-/// the copy itself; on 2 MiB pages it is 32. On this project's machine (`docs/PERFORMANCE.md`)
-/// a 64 MiB all-reduce of 2 processes runs at 3.0 GB/s out of ordinary memory and at 4.8
-/// GB/s out of a `HostBuffer`; in place, 3.8 and 6.4 GB/s. NCCL's `ncclMemAlloc` plays the
+/// 4 KiB pages that is 16 384 page-table walks and pins per 64 MiB, and the copy goes page
+/// by page; on 2 MiB pages it is 32 of each. On this project's machine (`docs/PERFORMANCE.md`)
+/// a 64 MiB all-reduce of 2 processes runs at 3.35 GB/s out of ordinary memory and at 4.96
+/// GB/s out of a `HostBuffer`; in place, 3.92 and 6.67 GB/s. NCCL's `ncclMemAlloc` plays the
 /// same part for GPU memory.
 ///
 /// A `HostBuffer` is a private anonymous mapping, aligned to 2 MiB and advised
