@@ -21,8 +21,8 @@ const HUGE_PAGE: usize = 2 << 20;
 /// every such copy the kernel finds and pins each page of the peer's buffer. On ordinary
 /// 4 KiB pages that is 16 384 page-table walks and pins per 64 MiB, and the copy goes page
 /// by page; on 2 MiB pages it is 32 of each. On this project's machine (`docs/PERFORMANCE.md`)
-/// a 64 MiB all-reduce of 2 processes runs at 3.35 GB/s out of ordinary memory and at 4.96
-/// GB/s out of a `HostBuffer`; in place, 3.92 and 6.67 GB/s. NCCL's `ncclMemAlloc` plays the
+/// a 64 MiB all-reduce of 2 processes ran at 3.4–3.6 GB/s out of ordinary memory and at
+/// 4.6–5.0 GB/s out of a `HostBuffer`; in place, 3.8–3.9 and 5.9–6.7 GB/s. NCCL's `ncclMemAlloc` plays the
 /// same part for GPU memory.
 ///
 /// A `HostBuffer` is a private anonymous mapping, aligned to 2 MiB and advised
