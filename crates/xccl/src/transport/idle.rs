@@ -186,8 +186,9 @@ impl Memory {
         // not pay them at every look.
         self.moved = Some(Instant::now());
         let Ok(allowed) = sched_getaffinity(None) else { return false };
-        let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
-        let Some(&to) = cores.iter().min_by_key(|&&c| (on(c), c)) else { return false };
+        let Some(to) = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).min_by_key(|&c| (on(c), c)) else {
+            return false;
+        };
         // Runnable threads beyond the host's ranks that are awake (a data loader, another
         // job, a CPU-bound process beside the job) are invisible in the ranks' statuses: the
         // scheduler places the ranks around them better than a count of ranks would.
