@@ -22,7 +22,8 @@ With `--schedule interleaved --virtual-stages V` there are pp x V stages, stage 
 s % pp (ScheduleInterleaved1F1B), and --split lists pp x V counts.
 
 Schedules: `gpipe` = ScheduleGPipe, `1f1b` = Schedule1F1B, `interleaved` =
-ScheduleInterleaved1F1B, each with n_microbatches = --micro-batches. How PyTorch splits and
+ScheduleInterleaved1F1B, `zb-h1` = ScheduleInterleavedZeroBubble with one stage per rank
+(PyTorch's zero-bubble schedule: the backward split into input and weight gradients), each with n_microbatches = --micro-batches. How PyTorch splits and
 scales (what xccl must match to train the same thing):
   - micro-batches: `step(ids, target=...)` splits the batch along dim 0 with
     torch.tensor_split into M contiguous pieces (first ones one row larger when M does not
@@ -174,7 +175,13 @@ def masked_targets(targets, mask):
 def rank_main(rank, args, port, counts):
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
 
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     pp, v, m = args.pp, args.virtual_stages, args.micro_batches
@@ -219,8 +226,13 @@ def rank_main(rank, args, port, counts):
         ce = F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1), ignore_index=IGNORE, reduction="sum")
         return ce / norm[0]
 
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[args.schedule]
-    if args.schedule == "interleaved":
+    kind = {
+        "gpipe": ScheduleGPipe,
+        "1f1b": Schedule1F1B,
+        "interleaved": ScheduleInterleaved1F1B,
+        "zb-h1": ScheduleInterleavedZeroBubble,
+    }[args.schedule]
+    if args.schedule in ("interleaved", "zb-h1"):
         schedule = kind(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
     else:
         schedule = kind(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
@@ -362,7 +374,7 @@ def rank_main(rank, args, port, counts):
             "step_ms_min": min(ms),
             "step_ms_max": max(ms),
             "tokens_per_second": tokens / (statistics.mean(ms) / 1e3),
-            "bubble_schedule": (pp - 1) / (v * m + pp - 1),
+            "bubble_schedule": (pp - 1) / ((3 * m if args.schedule == "zb-h1" else v * m) + pp - 1),
             "bubble_measured": statistics.mean(r["bubble_measured"] for r in per_rank),
             "bubble_of_step": statistics.mean(r["bubble_of_step"] for r in per_rank),
             "loss_first": sum(losses[:k]) / k,
@@ -386,7 +398,7 @@ def rank_main(rank, args, port, counts):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pp", type=int, default=2, help="pipeline ranks")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b")
     p.add_argument("--micro-batches", type=int, default=8)
     p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank (interleaved)")
     p.add_argument("--split", default="", help="blocks per stage, e.g. 5,5 (default: balanced by parameters)")
@@ -411,8 +423,8 @@ def main():
         p.error("--virtual-stages > 1 needs --schedule interleaved")
     if args.batch % args.micro_batches:
         p.error("--batch must be a multiple of --micro-batches (PyTorch sizes its receive buffers from micro-batch 0)")
-    if args.schedule == "1f1b" and args.micro_batches < args.pp:
-        p.error("Schedule1F1B needs --micro-batches >= --pp")
+    if args.schedule in ("1f1b", "zb-h1") and args.micro_batches < args.pp:
+        p.error(f"--schedule {args.schedule} needs --micro-batches >= --pp")
     n_stages = args.pp * args.virtual_stages
     n_blocks = args.layers + 2
     if args.split:

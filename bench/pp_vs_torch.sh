@@ -17,10 +17,11 @@
 #     with the same split (SPLIT, blocks per stage, default embed + the first half of the
 #     layers | the other half + head, i.e. 5,5; xccl gets it as --pp-balance). PyTorch runs
 #     WARMUP untimed steps first; xccl leaves each rank's first step out of step_seconds.
-#     SCHEDULES (default "gpipe 1f1b") picks the schedules; adding "interleaved" also
+#     SCHEDULES (default "gpipe 1f1b zb-h1") picks the schedules (zb-h1: PyTorch's
+#     ScheduleInterleavedZeroBubble with one stage per rank); adding "interleaved" also
 #     compares interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
 #  2. bubble (BUBBLE=1), xccl only (traced; --trace is passed if the CLI has it): P in BUBBLE_PS ("2 4"), M in BUBBLE_MS
-#     ("4 8 16 32"), schedules gpipe, 1f1b and interleaved with V = 2 (where the P x V stages
+#     ("4 8 16 32"), schedules gpipe, 1f1b, zb-h1 and interleaved with V = 2 (where the P x V stages
 #     fit into the LAYERS + 2 blocks), BUBBLE_STEPS steps, batch BATCH, xccl's default
 #     balance; reads summary.json's pipeline.bubble_measured and .bubble_schedule. P = 4
 #     means 4 ranks x 1 thread on the 2 cores: oversubscribed, so a rank waiting in the
@@ -50,7 +51,7 @@ BATCH="${BATCH:-32}"
 M="${M:-8}"
 STEPS="${STEPS:-30}"
 WARMUP="${WARMUP:-5}"
-SCHEDULES="${SCHEDULES:-gpipe 1f1b}"
+SCHEDULES="${SCHEDULES:-gpipe 1f1b zb-h1}"
 CMP_V="${CMP_V:-2}"
 CMP="${CMP:-1}"
 BUBBLE="${BUBBLE:-1}"
@@ -147,7 +148,7 @@ for rep in $(seq 1 "$REPS"); do
     for p in $BUBBLE_PS; do
       for m in $BUBBLE_MS; do
         [ $(( BATCH % m )) = 0 ] || { echo "skip bubble M=$m: batch $BATCH not a multiple" >&2; continue; }
-        for s in gpipe 1f1b interleaved; do
+        for s in gpipe 1f1b zb-h1 interleaved; do
           v=1
           if [ "$s" = interleaved ]; then
             v=2

@@ -1,11 +1,28 @@
 //! `pipeline.svg`: the measured timeline of one training step of a pipeline, drawn as the
 //! familiar diagram: one row per stage, a box per forward `F(i,j)` and backward `B(i,j)`
-//! (micro-batch `i`, chunk `j`) over time; the white space between boxes is the bubble.
+//! (micro-batch `i`, chunk `j`), or, with a split backward (zb-h1), per input-gradient pass
+//! `Bi(i,j)` and weight-gradient pass `W(i,j)`, over time, each kind in its colour with a
+//! legend under the chart; the white space between boxes is the bubble.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 use serde_json::Value;
+
+/// The kinds of box, by the prefix of their names: forward, whole backward, input-gradient
+/// and weight-gradient backward; their colour and their legend.
+const PASSES: [(&str, RGBColor, &str); 4] = [
+    ("F(", RGBColor(120, 160, 230), "F forward"),
+    ("B(", RGBColor(120, 200, 140), "B backward"),
+    ("Bi(", RGBColor(240, 180, 90), "Bi input gradient"),
+    ("W(", RGBColor(190, 140, 220), "W weight gradient"),
+];
+
+/// The entry of [`PASSES`] a box named `name` is drawn with (an unknown name as a
+/// backward).
+fn pass_of(name: &str) -> usize {
+    PASSES.iter().position(|(prefix, ..)| name.starts_with(prefix)).unwrap_or(1)
+}
 
 /// Draws the `pipeline` object of a run's summary (its `timeline`: per stage a list of
 /// `[name, start ms, duration ms]`) into `path`.
@@ -25,9 +42,25 @@ pub fn draw(path: &Path, pipeline: &Value) -> Result<(), String> {
         100.0 * pipeline["bubble_schedule"].as_f64().unwrap_or(0.0),
     );
     let rows = lanes.len() as f64;
-    let root = SVGBackend::new(path, (1200, 120 + 60 * lanes.len() as u32)).into_drawing_area();
+    let height = 150 + 60 * lanes.len() as u32;
+    let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut chart = ChartBuilder::on(&root)
+    let (area, legend) = root.split_vertically(height - 30);
+    // The legend: the kinds of box this timeline has, in a row.
+    let mut seen = [false; PASSES.len()];
+    for (name, ..) in lanes.iter().flatten() {
+        seen[pass_of(name)] = true;
+    }
+    let mut x = 86;
+    for (&(_, color, label), _) in PASSES.iter().zip(seen).filter(|(_, s)| *s) {
+        legend.draw(&Rectangle::new([(x, 6), (x + 14, 20)], color.filled())).map_err(|e| e.to_string())?;
+        legend
+            .draw(&Rectangle::new([(x, 6), (x + 14, 20)], BLACK.stroke_width(1)))
+            .map_err(|e| e.to_string())?;
+        legend.draw(&Text::new(label, (x + 20, 7), ("sans-serif", 12))).map_err(|e| e.to_string())?;
+        x += 40 + 7 * label.len() as i32;
+    }
+    let mut chart = ChartBuilder::on(&area)
         .caption(title, ("sans-serif", 16))
         .margin(16)
         .x_label_area_size(36)
@@ -44,12 +77,10 @@ pub fn draw(path: &Path, pipeline: &Value) -> Result<(), String> {
         .x_desc("ms since the step's first forward")
         .draw()
         .map_err(|e| e.to_string())?;
-    let forward = RGBColor(120, 160, 230);
-    let backward = RGBColor(120, 200, 140);
     for (stage, spans) in lanes.iter().enumerate() {
         let y = stage as f64;
         for (name, start, dur) in spans {
-            let color = if name.starts_with('F') { forward } else { backward };
+            let color = PASSES[pass_of(name)].1;
             let (x0, x1) = (*start, start + dur);
             chart
                 .draw_series([Rectangle::new([(x0, y + 0.1), (x1, y + 0.9)], color.filled())])
@@ -87,5 +118,26 @@ mod tests {
         // Eight boxes, each filled and outlined.
         assert!(svg.matches("<rect").count() >= 16);
         assert!(draw(&path, &serde_json::json!({"timeline": []})).is_err());
+    }
+
+    #[test]
+    fn draws_split_backwards_in_their_own_colours_with_a_legend() {
+        let p = serde_json::json!({
+            "schedule": "zb-h1", "micro_batches": 1, "bubble_measured": 0.25, "bubble_schedule": 0.25,
+            "timeline": [[["F(0,0)", 0.0, 1.0], ["Bi(0,0)", 3.0, 1.0], ["W(0,0)", 4.0, 1.0]],
+                         [["F(0,0)", 1.0, 1.0], ["Bi(0,0)", 2.0, 1.0], ["W(0,0)", 3.0, 1.0]]],
+        });
+        let path = std::env::temp_dir().join(format!("xccl-pipeline-zb-{}.svg", std::process::id()));
+        draw(&path, &p).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let fill = |c: RGBColor| format!("fill=\"#{:02X}{:02X}{:02X}\"", c.0, c.1, c.2);
+        let count = |c: RGBColor| svg.matches(&fill(c)).count();
+        // Two boxes each of F, Bi and W, plus one in the legend; no whole backward.
+        let [f, b, bi, w] = PASSES.map(|(_, c, _)| count(c));
+        assert_eq!((f, b, bi, w), (3, 0, 3, 3), "{svg}");
+        assert!(svg.contains("Bi input gradient") && svg.contains("W weight gradient"), "{svg}");
+        assert!(!svg.contains("B backward") && svg.contains("zb-h1"), "{svg}");
+        assert_eq!((pass_of("Bi(2,0)"), pass_of("B(2,0)"), pass_of("W(0,1)"), pass_of("?")), (2, 1, 3, 1));
     }
 }

@@ -98,7 +98,8 @@ fn pipelines(args: &VerifyArgs) -> bool {
          (interleaved):"
     );
     println!("complete, sends matched to receives, no deadlock, activations within the bound, the");
-    println!("simulated bubble (forward 1, backward 2, free communication) equal to the closed form.");
+    println!("simulated bubble (forward 1, backward 2 or, split by zb-h1, input gradient 1 and weight");
+    println!("gradient 1, free communication) equal to the closed form.");
     println!(
         "'.' verified for every micro-batch count, 'X' failed, ' ' not applicable (interleaved with\n\
          v > 1 needs 2 stages or more and a multiple of the stages as micro-batch count).\n"

@@ -91,6 +91,7 @@ fn parallel_processes_match_a_single_process() {
         ("zero1", &["--dp", "2", "--zero", "1", "--steps", "20"]),
         ("zero2-tp", &["--dp", "2", "--tp", "2", "--zero", "2", "--steps", "20"]),
         ("zero3", &["--dp", "3", "--zero", "3", "--accum", "2", "--steps", "20"]),
+        ("zero3-recompute", &["--dp", "2", "--zero", "3", "--recompute", "--steps", "20"]),
     ] {
         let dir = out_dir(name);
         let out = train(&dir, args);
@@ -187,7 +188,17 @@ fn pipeline_processes_match_a_single_process() {
     ok(&train(&untied, &["--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "gpipe"]));
     let d = rel_diff(&params(&untied), &params(&single));
     assert!(d < 1e-5, "gpipe pp 2: relative difference {d:e} from the single-process run");
-    for d in [single, tied_single, dir, untied] {
+    // Zero-bubble: input-gradient and weight-gradient halves as separate actions, drawn.
+    let zb = out_dir("pp-zb");
+    ok(&train(&zb, &["--pp", "2", "--dp", "1", "--micro-batches", "4", "--schedule", "zb-h1"]));
+    let d = rel_diff(&params(&zb), &params(&single));
+    assert!(d < 1e-5, "zb-h1 pp 2: relative difference {d:e} from the single-process run");
+    let names: Vec<String> =
+        trace_events(&zb).iter().filter_map(|e| e["name"].as_str().map(str::to_string)).collect();
+    for half in ["Bi(", "W("] {
+        assert_eq!(names.iter().filter(|n| n.starts_with(half)).count(), 2 * 4 * 50, "{half} spans");
+    }
+    for d in [single, tied_single, dir, untied, zb] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

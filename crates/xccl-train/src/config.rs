@@ -45,6 +45,11 @@ pub struct PsConfig {
 pub struct ZeroConfig {
     /// 1: the optimiser state; 2: and the gradients; 3: and the parameters.
     pub stage: u8,
+    /// Stage 3: keep only each block's input and run its forward again just before its
+    /// backward (less activation memory, one more forward per block). Without it each
+    /// block keeps what its backward needs, which holds no parameter, so the gathered
+    /// parameters are freed after the forward all the same.
+    pub recompute: bool,
 }
 
 /// How the data-parallel ranks share the work.

@@ -1,5 +1,5 @@
 //! The training run, one place for what every strategy shares: where it starts (fresh or
-//! from a checkpoint), the [`Context`] the loop and the strategies read (the global batch and
+//! from a checkpoint), the `Context` the loop and the strategies read (the global batch and
 //! this worker's share of it, checkpoints, per-step communication volume, the pipeline's
 //! end of a step), and how it ends (evaluation, reports gathered to rank 0). The loop itself
 //! is `train_loop`, the strategies' seam `strategy`;

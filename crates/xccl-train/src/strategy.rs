@@ -81,14 +81,19 @@ pub(crate) trait Strategy {
     fn begin_step(&mut self, cx: &Context, step: u64, trace: &mut Trace) -> Result<Begin>;
 
     /// Whether the model's parameters are present only between [`before_block`] and
-    /// [`after_block`] (ZeRO stage 3): then every block's forward runs again just before its
-    /// backward ([`Graph::Recompute`](crate::model::Graph::Recompute)), so that no block's
-    /// parameters live from its forward to its backward. Such a strategy cannot run under
-    /// a pipeline, whose stages keep their parameters.
+    /// [`after_block`] (ZeRO stage 3). Such a strategy cannot run under a pipeline, whose
+    /// stages keep their parameters.
     ///
     /// [`before_block`]: Self::before_block
     /// [`after_block`]: Self::after_block
     fn releases_params(&self) -> bool {
+        false
+    }
+
+    /// Whether every block's forward runs again just before its backward
+    /// ([`Graph::Recompute`](crate::model::Graph::Recompute)) instead of keeping what its
+    /// backward needs. Default: no.
+    fn recomputes(&self) -> bool {
         false
     }
 

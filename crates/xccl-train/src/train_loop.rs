@@ -116,7 +116,7 @@ fn gradients(
             None => Ok((loss, Some(stat))),
         };
     }
-    let graph = if strategy.releases_params() { Graph::Recompute } else { Graph::Blockwise };
+    let graph = if strategy.recomputes() { Graph::Recompute } else { Graph::Blockwise };
     let micro: Vec<_> = shares(share.rows, cx.config.accum).into_iter().filter(|r| !r.is_empty()).collect();
     let mut hooks = Hooks { cx, strategy, grads, last: false };
     let mut loss_sum = 0.0;

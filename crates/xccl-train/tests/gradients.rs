@@ -5,6 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use candle_core::{DType, Tensor, Var};
 use xccl_train::data::{Task, TaskConfig};
 use xccl_train::model::{self, Graph, Model, ModelConfig, ModelKind};
 use xccl_train::optim::OptimConfig;
@@ -66,17 +67,80 @@ fn blockwise_backward_equals_whole_model_backward() {
     let task = TaskConfig::Sums { digits: 2 }.load().unwrap();
     for cfg in models() {
         let model = Model::new(&cfg, 3).unwrap();
-        let blockwise = gradients(&model, task.as_ref(), Graph::Blockwise);
         let whole = gradients(&model, task.as_ref(), Graph::Whole);
-        assert_eq!(blockwise.keys().collect::<Vec<_>>(), whole.keys().collect::<Vec<_>>());
-        for (name, b) in &blockwise {
-            let w = &whole[name];
-            let diff: f32 = b.iter().zip(w).map(|(x, y)| (x - y).powi(2)).sum::<f32>().sqrt();
-            let norm: f32 = w.iter().map(|y| y * y).sum::<f32>().sqrt();
-            assert!(
-                diff <= 1e-5 * norm.max(1e-12),
-                "{cfg}: {name}: |blockwise - whole| = {diff:e}, |whole| = {norm:e}"
-            );
+        for graph in [Graph::Blockwise, Graph::Recompute] {
+            let blockwise = gradients(&model, task.as_ref(), graph);
+            assert_eq!(blockwise.keys().collect::<Vec<_>>(), whole.keys().collect::<Vec<_>>());
+            for (name, b) in &blockwise {
+                assert_close(b, &whole[name], &format!("{cfg} {graph:?}: {name}"));
+            }
+        }
+    }
+}
+
+/// `|ours − reference| ≤ 1e-5·|reference|` (Euclidean norms).
+fn assert_close(ours: &[f32], reference: &[f32], what: &str) {
+    assert_eq!(ours.len(), reference.len(), "{what}: lengths");
+    let diff: f32 = ours.iter().zip(reference).map(|(x, y)| (x - y).powi(2)).sum::<f32>().sqrt();
+    let norm: f32 = reference.iter().map(|y| y * y).sum::<f32>().sqrt();
+    assert!(diff <= 1e-5 * norm.max(1e-12), "{what}: |ours - reference| = {diff:e}, |reference| = {norm:e}");
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// Each block's own backward (input half, then the deferred weight half) against candle's
+/// autograd through the same block's `forward`, on every gradient: the input's and each
+/// parameter's, for an output gradient that weights every element differently.
+#[test]
+fn every_blocks_backward_equals_candles_autograd() {
+    let task = TaskConfig::Sums { digits: 2 }.load().unwrap();
+    let batch = task.batch(5, 0, 6);
+    let (ids, _, _) = batch.tensors().unwrap();
+    for cfg in models() {
+        let model = Model::new(&cfg, 3).unwrap();
+        let mut x = ids.clone();
+        for b in model.blocks() {
+            let (y, saved) = b.forward_saved(&x).unwrap();
+            let g = Tensor::from_vec(
+                (0..y.elem_count()).map(|i| ((i * 7919) % 13) as f32 / 13.0 - 0.5).collect::<Vec<_>>(),
+                y.dims(),
+                y.device(),
+            )
+            .unwrap();
+            // Reference: candle's autograd on a leaf input.
+            let leaf = (x.dtype() == DType::F32).then(|| Var::from_tensor(&x).unwrap());
+            let reference = b.forward(leaf.as_ref().map_or(&x, |v| v.as_tensor())).unwrap();
+            assert_close(&values(&y), &values(&reference), &format!("{cfg}: {} forward", b.name()));
+            let store = (reference * &g).unwrap().sum_all().unwrap().backward().unwrap();
+            let (gx, deferred) = b.backward_input(saved, &g).unwrap();
+            match (&leaf, gx) {
+                (Some(v), Some(gx)) => {
+                    let want = values(store.get(v.as_tensor()).unwrap());
+                    assert_close(&values(&gx), &want, &format!("{cfg}: {} input", b.name()));
+                }
+                (None, None) => {}
+                (l, gx) => panic!(
+                    "{cfg}: {}: input is a variable: {}, gradient: {}",
+                    b.name(),
+                    l.is_some(),
+                    gx.is_some()
+                ),
+            }
+            let mut got: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+            for (p, t) in deferred.run().unwrap() {
+                let v = values(&t);
+                let acc = got.entry(p.name().to_string()).or_insert_with(|| vec![0.0; v.len()]);
+                acc.iter_mut().zip(v).for_each(|(a, x)| *a += x);
+            }
+            let used: Vec<_> = b.params().iter().chain(b.shared()).collect();
+            assert_eq!(got.len(), used.len(), "{cfg}: {}: gradients for {:?}", b.name(), got.keys());
+            for p in used {
+                let want = values(store.get(&p.tensor()).unwrap());
+                assert_close(&got[p.name()], &want, &format!("{cfg}: {} {}", b.name(), p.name()));
+            }
+            x = y;
         }
     }
 }

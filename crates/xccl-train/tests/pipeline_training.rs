@@ -52,7 +52,7 @@ fn every_schedule_stage_count_and_micro_batch_count_matches_single_process_train
     assert!(moved(&base, &expect) > 100.0 * TOLERANCE, "training did not move the parameters");
     for stages in [1, 2, 4] {
         for m in [1, 3, 8] {
-            for schedule in [Kind::GPipe, Kind::OneFOneB] {
+            for schedule in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubble] {
                 for recompute in [false, true] {
                     let config = piped(&base, stages, schedule, 1, m, recompute);
                     let what = format!("tied, pp {stages}, m {m}, {schedule}, recompute {recompute}");
@@ -91,8 +91,12 @@ fn three_dimensional_meshes_match_single_process_training() {
     base.model.heads = 4;
     let expect = reference(&base);
     // (dp, pp, tp, schedule, v, m)
-    let shapes =
-        [(2, 2, 2, Kind::OneFOneB, 1, 4), (1, 2, 4, Kind::GPipe, 1, 2), (4, 2, 1, Kind::OneFOneB, 1, 2)];
+    let shapes = [
+        (2, 2, 2, Kind::OneFOneB, 1, 4),
+        (1, 2, 4, Kind::GPipe, 1, 2),
+        (4, 2, 1, Kind::OneFOneB, 1, 2),
+        (2, 2, 2, Kind::ZeroBubble, 1, 4),
+    ];
     for (dp, pp, tp, schedule, v, m) in shapes {
         let mut config = piped(&base, pp, schedule, v, m, false);
         config.tp = tp;

@@ -170,7 +170,10 @@ fn impossible_shapes_fail_on_every_rank_before_communicating() {
 /// activations (with sequence parallelism, the same as all-gathers and reduce-scatters),
 /// plus one each for the vocabulary-parallel embedding (forward) and head (backward), three
 /// numbers per token for the cross-entropy, and with sequence parallelism the all-reduce of
-/// the replicated parameters' partial gradients once per micro-batch.
+/// the replicated parameters' partial gradients once per micro-batch, and one more
+/// all-gather per column-parallel layer (q/k/v, the MLP's first, the head) in backward:
+/// the layer kept only this rank's part of its input and gathers it again for its
+/// weight's gradient (Megatron-LM's saving).
 fn analytic_tp_bytes(config: &TrainConfig, rows: usize, micro: usize, len: usize) -> f64 {
     let (p, h, l) = (config.tp as f64, config.model.width as f64, config.model.layers as f64);
     let (all_reduce, gather) = (2.0 * (p - 1.0) / p, (p - 1.0) / p);
@@ -178,7 +181,7 @@ fn analytic_tp_bytes(config: &TrainConfig, rows: usize, micro: usize, len: usize
     let loss = all_reduce * 3.0 * (rows * len) as f64;
     let elements = if config.sp {
         let replicated = config.model.context as f64 * h + 6.0 * h * l + 2.0 * h;
-        gather * (8.0 * l + 4.0) * n + loss + all_reduce * micro as f64 * replicated
+        gather * (8.0 * l + 4.0 + 2.0 * l + 1.0) * n + loss + all_reduce * micro as f64 * replicated
     } else {
         all_reduce * (4.0 * l + 2.0) * n + loss
     };

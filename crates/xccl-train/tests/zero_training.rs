@@ -17,7 +17,12 @@ const STEPS: u64 = 20;
 const TOLERANCE: f64 = 1e-5;
 
 fn zero(stage: u8) -> Strategy {
-    Strategy::Zero(ZeroConfig { stage })
+    Strategy::Zero(ZeroConfig { stage, recompute: false })
+}
+
+/// Stage 3 running each block's forward again before its backward.
+fn zero3_recompute() -> Strategy {
+    Strategy::Zero(ZeroConfig { stage: 3, recompute: true })
 }
 
 fn optimizers() -> [OptimConfig; 2] {
@@ -49,18 +54,17 @@ fn every_stage_matches_single_process_training() {
         let base = with_tp(tiny(optim, zero(1), 7, 1, STEPS), 1);
         let expect = reference(&base);
         assert!(moved(&base, &expect) > 100.0 * TOLERANCE, "training did not move the parameters");
-        for stage in 1..=3 {
+        for (name, strategy) in [1, 2, 3]
+            .map(|s| (format!("zero {s}"), zero(s)))
+            .into_iter()
+            .chain([("zero 3 recomputing".to_string(), zero3_recompute())])
+        {
             for dp in 1..=4 {
                 for tp in [1, 2] {
                     // Accumulation where every rank has rows for two micro-batches.
                     let accum = if dp <= 3 { 2 } else { 1 };
-                    let config = TrainConfig { accum, ..with_tp(tiny(optim, zero(stage), 7, 1, STEPS), tp) };
-                    check(
-                        &config,
-                        dp,
-                        &expect,
-                        &format!("{optim}: zero {stage}, dp {dp}, tp {tp}, accum {accum}"),
-                    );
+                    let config = TrainConfig { accum, ..with_tp(tiny(optim, strategy, 7, 1, STEPS), tp) };
+                    check(&config, dp, &expect, &format!("{optim}: {name}, dp {dp}, tp {tp}, accum {accum}"));
                 }
             }
         }

@@ -170,7 +170,7 @@ fn measure_rank(
     let mut blocks = Vec::new();
     let mut x = ids.clone();
     for (k, b) in model.blocks().iter().enumerate() {
-        x = model.forward_blocks(k..k + 1, &x).map_err(err)?.detach();
+        x = model.forward_saved(k..k + 1, &x).map_err(err)?.0;
         let params = slots.iter().filter(|s| s.0 == k).map(|s| s.1).sum();
         blocks.push(BlockTimes {
             name: b.name().to_string(),

@@ -317,6 +317,37 @@ fn zero3_lane(
     Ok(Lane { slots: profile.slots.clone(), done, end: t, busy, tp, comm_free: free })
 }
 
+/// A computation of a pipeline schedule: a forward, or a share of a backward.
+#[derive(Clone, Copy)]
+enum Pass {
+    Forward,
+    /// `share` of the backward's time (1 whole, ½ for each half of a split one); `again`
+    /// when the forward runs again first (recomputation, before the whole backward or its
+    /// input-gradient half); `weights` when it leaves the chunk's weight gradients done.
+    Backward {
+        share: f64,
+        again: bool,
+        weights: bool,
+    },
+}
+
+impl Pass {
+    /// The pass `a` computes, with `recompute` set when forwards run again in backward.
+    fn of(a: Action, recompute: bool) -> Option<(Pass, usize)> {
+        // The profile times a block's backward whole: a split backward (zb-h1) is costed as
+        // two even halves, the input gradient's and the weights', compute and tensor-parallel
+        // time alike.
+        let (share, again, weights, chunk) = match a {
+            Action::Forward { chunk, .. } => return Some((Pass::Forward, chunk)),
+            Action::Backward { chunk, .. } => (1.0, recompute, true, chunk),
+            Action::BackwardInput { chunk, .. } => (0.5, recompute, false, chunk),
+            Action::BackwardWeight { chunk, .. } => (0.5, false, true, chunk),
+            _ => return None,
+        };
+        Some((Pass::Backward { share, again, weights }, chunk))
+    }
+}
+
 /// A pipeline schedule's actions as timeline lanes, run; one [`Lane`] per pipeline rank.
 fn pipeline_lanes(
     config: &TrainConfig,
@@ -330,6 +361,14 @@ fn pipeline_lanes(
     let shape = schedule.shape;
     let (m, gs, layout) = (shape.micro_batches, shape.global_stages(), sim.layout);
     let sum = |g: usize, i: usize| stages[g].clone().map(|k| cost[k][i]).sum::<f64>();
+    // A pass's compute and tensor-parallel seconds on global stage `g`.
+    let costs = |pass: Pass, g: usize| match pass {
+        Pass::Forward => (sum(g, 0), sum(g, 1)),
+        Pass::Backward { share, again, .. } => {
+            let (c, t) = (share * sum(g, 2), share * sum(g, 3));
+            if again { (c + sum(g, 0), t + sum(g, 1)) } else { (c, t) }
+        }
+    };
     let key = |tag: usize, mb: usize, g: usize| (tag * m + mb) * gs + g;
     let mut lanes = Vec::new();
     let mut what = Vec::new();
@@ -346,14 +385,14 @@ fn pipeline_lanes(
         };
         for &a in actions {
             let (op, tag) = match a {
-                Action::Forward { chunk, .. } => {
+                Action::Forward { .. }
+                | Action::Backward { .. }
+                | Action::BackwardInput { .. }
+                | Action::BackwardWeight { .. } => {
+                    let (pass, chunk) = Pass::of(a, pc.recompute).ok_or("not a computation")?;
                     let g = shape.global_stage(r, chunk);
-                    (Op::compute(sum(g, 0) + sum(g, 1)), Some((false, chunk)))
-                }
-                Action::Backward { chunk, .. } => {
-                    let g = shape.global_stage(r, chunk);
-                    let again = if pc.recompute { sum(g, 0) + sum(g, 1) } else { 0.0 };
-                    (Op::compute(sum(g, 2) + sum(g, 3) + again), Some((true, chunk)))
+                    let (c, t) = costs(pass, g);
+                    (Op::compute(c + t), Some((pass, chunk)))
                 }
                 Action::SendActivation { mb, chunk, peer } => {
                     let g = shape.global_stage(r, chunk);
@@ -386,17 +425,13 @@ fn pipeline_lanes(
         let (mut busy, mut tp) = (0.0, 0.0);
         let mut done: HashMap<usize, f64> = HashMap::new();
         for &(i, _, end) in spans {
-            let Some((bwd, chunk)) = what[r][i] else { continue };
-            let g = shape.global_stage(r, chunk);
-            let (c, t) = match bwd {
-                false => (sum(g, 0), sum(g, 1)),
-                true if pc.recompute => (sum(g, 0) + sum(g, 2), sum(g, 1) + sum(g, 3)),
-                true => (sum(g, 2), sum(g, 3)),
-            };
+            let Some((pass, chunk)) = what[r][i] else { continue };
+            let (c, t) = costs(pass, shape.global_stage(r, chunk));
             busy += c;
             tp += t;
-            if bwd {
-                // A chunk's gradients are handed over after its last backward.
+            if let Pass::Backward { weights: true, .. } = pass {
+                // A chunk's gradients are handed over after its last backward (or
+                // weight-gradient half).
                 for k in chunks[chunk].clone() {
                     let e = done.entry(k).or_insert(end);
                     *e = e.max(end);

@@ -95,14 +95,16 @@ pub struct TrainArgs {
     /// --micro-batches at the same time.
     #[arg(long, default_value_t = 1)]
     pub pp: usize,
-    /// Pipeline schedule [default: 1f1b; a schedule given with --pp 1 runs the pipeline
-    /// executor on one stage].
+    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (1F1B with the backward split
+    /// into input and weight gradients, the latter deferred into the bubble) [default: 1f1b;
+    /// a schedule given with --pp 1 runs the pipeline executor on one stage].
     #[arg(long, value_parser = parse_schedule)]
     pub schedule: Option<Kind>,
     /// Model chunks per pipeline stage (--schedule interleaved).
     #[arg(long, default_value_t = 1)]
     pub virtual_stages: usize,
-    /// Pipeline: keep only each micro-batch's stage input, run its forward again in backward.
+    /// Pipeline (or --zero 3): keep only each micro-batch's stage (block) input, run its
+    /// forward again in backward.
     #[arg(long)]
     pub recompute: bool,
     /// Pipeline: cut stages by parameter count (params), by measured block time (time), or
@@ -241,7 +243,9 @@ impl TrainArgs {
         };
         let strategy = match (self.zero, strategy) {
             (None, s) => s,
-            (Some(stage), Strategy::Ddp(_)) => Strategy::Zero(ZeroConfig { stage }),
+            (Some(stage), Strategy::Ddp(_)) => {
+                Strategy::Zero(ZeroConfig { stage, recompute: stage == 3 && self.recompute })
+            }
             (Some(_), _) => {
                 return Err("--zero shards the state of data parallelism: use it with --strategy ddp".into());
             }
@@ -275,14 +279,17 @@ impl TrainArgs {
             strategy,
             tp: self.tp,
             sp: self.sp,
-            pipeline: (self.pp != 1 || self.schedule.is_some() || self.virtual_stages != 1 || self.recompute)
-                .then(|| PipelineConfig {
-                    stages: self.pp,
-                    schedule: self.schedule.unwrap_or(Kind::OneFOneB),
-                    virtual_stages: self.virtual_stages,
-                    recompute: self.recompute,
-                    balance: self.pp_balance.clone(),
-                }),
+            pipeline: (self.pp != 1
+                || self.schedule.is_some()
+                || self.virtual_stages != 1
+                || (self.recompute && self.zero != Some(3)))
+            .then(|| PipelineConfig {
+                stages: self.pp,
+                schedule: self.schedule.unwrap_or(Kind::OneFOneB),
+                virtual_stages: self.virtual_stages,
+                recompute: self.recompute,
+                balance: self.pp_balance.clone(),
+            }),
             batch: self.batch,
             accum: self.accum,
             steps: self.steps,

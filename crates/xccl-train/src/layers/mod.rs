@@ -1,8 +1,14 @@
 //! The layers blocks are made of, below both the models (`model`) and tensor parallelism
 //! (`tp`, whose column- and row-parallel layers are `Linear`s): seeded parameter
-//! initialisation ([`Init`]), [`LayerNorm`], [`Linear`], and the fused CPU kernels with their
-//! backward ([`ops`]).
+//! initialisation ([`Init`]), [`LayerNorm`], [`Linear`], the fused CPU kernels with their
+//! backward ([`ops`]), and the split backward's pieces ([`grads`]).
+//!
+//! Each layer has two forms. `forward` (candle's [`Module`]) builds an autograd graph: the
+//! reference the tests compare against. `apply` computes the same output without a graph,
+//! and `backward_input` computes the gradient of the input from the output's gradient and
+//! the input the caller saved, deferring the parameters' gradients ([`grads::Deferred`]).
 
+pub mod grads;
 pub mod ops;
 
 use candle_core::{Device, Module, Tensor, Var};
@@ -12,6 +18,7 @@ use rand_distr::{Distribution, Normal};
 
 use crate::error::{Error, Result};
 use crate::params::{Param, Shard};
+use grads::{Deferred, linear_grad_input, linear_grad_weight};
 
 /// Creates parameters from a seeded generator, so every process builds identical ones
 /// (candle's own random tensors on the CPU cannot be seeded).
@@ -108,6 +115,30 @@ impl Module for LayerNorm {
     }
 }
 
+impl LayerNorm {
+    /// The output for `x` without an autograd graph; its backward needs `x`.
+    pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        ops::layer_norm(x, &self.weight.tensor().detach(), &self.bias.tensor().detach())
+    }
+
+    /// The gradient of the input `x` (as [`apply`](Self::apply) saw it) from the output's
+    /// gradient `gy`; the weight's and bias's gradients go onto `deferred`.
+    pub fn backward_input(
+        &self,
+        x: Tensor,
+        gy: &Tensor,
+        deferred: &mut Deferred,
+    ) -> candle_core::Result<Tensor> {
+        let gx = ops::layer_norm_grad_input(&x, &self.weight.tensor().detach(), gy)?;
+        let (w, b, gy) = (self.weight.clone(), self.bias.clone(), gy.clone());
+        deferred.push(move || {
+            let (gw, gb) = ops::layer_norm_grad_params(&x, &gy)?;
+            Ok(vec![(w, gw), (b, gb)])
+        });
+        Ok(gx)
+    }
+}
+
 /// A linear layer over the last dimension, `x W^T (+ b)`, as one matrix product of the
 /// flattened rows (no broadcast weight, whose gradient candle would have to reduce) and
 /// [`ops::bias_add`] (which makes the product's transposed result contiguous).
@@ -125,24 +156,67 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// The output for `x` without an autograd graph; its backward needs `x`.
+    pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        product(&self.weight.tensor().detach(), self.bias.as_ref().map(|b| b.tensor().detach()).as_ref(), x)
+    }
+
+    /// The gradient of the input from the output's gradient `gy`; the weight's and bias's
+    /// gradients go onto `deferred`, computed from `gy` and the input `x()` returns then
+    /// (the input [`apply`](Self::apply) saw, or a way to get it back: with sequence
+    /// parallelism, gathering it again).
+    pub fn backward_input(
+        &self,
+        gy: &Tensor,
+        x: impl FnOnce() -> candle_core::Result<Tensor> + Send + 'static,
+        deferred: &mut Deferred,
+    ) -> candle_core::Result<Tensor> {
+        let gx = linear_grad_input(gy, &self.weight.tensor().detach())?;
+        self.defer_weight(gy.clone(), x, deferred);
+        Ok(gx)
+    }
+
+    /// Defers the weight's gradient `gyᵀ·x()` and the bias's `Σ gy` onto `deferred`.
+    pub fn defer_weight(
+        &self,
+        gy: Tensor,
+        x: impl FnOnce() -> candle_core::Result<Tensor> + Send + 'static,
+        deferred: &mut Deferred,
+    ) {
+        let (w, b) = (self.weight.clone(), self.bias.clone());
+        deferred.push(move || {
+            let mut grads = vec![(w, linear_grad_weight(&gy, &x()?)?)];
+            if let Some(b) = b {
+                grads.push((b, ops::column_sum(&gy)?));
+            }
+            Ok(grads)
+        });
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let weight = self.weight.tensor();
-        let (outputs, inputs) = weight.dims2()?;
-        let mut dims = x.dims().to_vec();
-        let rows = x.elem_count() / inputs.max(1);
-        // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
-        // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
-        // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
-        // the weight's size per backward (candle accumulates every node's gradient).
-        let y = weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
-        let y = match &self.bias {
-            Some(b) => ops::bias_add(&y, &b.tensor())?,
-            None => y,
-        };
-        if let Some(last) = dims.last_mut() {
-            *last = outputs;
-        }
-        y.reshape(dims)
+        product(&self.weight.tensor(), self.bias.as_ref().map(Param::tensor).as_ref(), x)
     }
+}
+
+/// `x Wᵀ (+ b)` over the last dimension of `x`.
+fn product(weight: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> candle_core::Result<Tensor> {
+    let (outputs, inputs) = weight.dims2()?;
+    let mut dims = x.dims().to_vec();
+    let rows = x.elem_count() / inputs.max(1);
+    // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
+    // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
+    // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
+    // the weight's size per backward (candle accumulates every node's gradient).
+    let y = weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
+    let y = match bias {
+        Some(b) => ops::bias_add(&y, b)?,
+        None => y,
+    };
+    if let Some(last) = dims.last_mut() {
+        *last = outputs;
+    }
+    y.reshape(dims)
 }

@@ -34,6 +34,29 @@ pub fn bias_add(x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
     x.contiguous()?.apply_op2(bias, BiasAdd)
 }
 
+/// `gy · gelu'(x)`: the gradient of [`gelu`]'s input from that of its output.
+pub fn gelu_grad(x: &Tensor, gy: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op2_no_bwd(&gy.contiguous()?, &GeluGrad)
+}
+
+/// The gradient of [`layer_norm`]'s input `x` from that of its output `gy`, with its
+/// `weight`.
+pub fn layer_norm_grad_input(x: &Tensor, weight: &Tensor, gy: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op3_no_bwd(&weight.contiguous()?, &gy.contiguous()?, &LayerNormGradInput)
+}
+
+/// The gradients of [`layer_norm`]'s weight and bias (`Σ gy·x̂` and `Σ gy` over the rows)
+/// from its input `x` and the gradient of its output `gy`.
+pub fn layer_norm_grad_params(x: &Tensor, gy: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let gwb = x.contiguous()?.apply_op2_no_bwd(&gy.contiguous()?, &LayerNormGradParams)?;
+    Ok((gwb.get(0)?, gwb.get(1)?))
+}
+
+/// `Σ_rows g` over every dimension but the last: the gradient of a bias added to each row.
+pub fn column_sum(g: &Tensor) -> candle_core::Result<Tensor> {
+    g.contiguous()?.apply_op1_no_bwd(&ColumnSum)
+}
+
 /// The contiguous f32 values of a storage (every fused kernel's input check).
 pub(crate) fn values<'a>(name: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
     match (s, l.contiguous_offsets()) {
@@ -83,7 +106,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &GeluGrad)?))
+        Ok(Some(gelu_grad(x, grad)?))
     }
 }
 
@@ -157,11 +180,9 @@ impl CustomOp3 for LayerNorm {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let gx = x.apply_op3_no_bwd(&w.contiguous()?, &grad, &LayerNormGradInput)?;
-        // Row 0: Σ g·x̂ (the weight's gradient); row 1: Σ g (the bias's).
-        let gwb = x.apply_op2_no_bwd(&grad, &LayerNormGradParams)?;
-        Ok((Some(gx), Some(gwb.get(0)?), Some(gwb.get(1)?)))
+        let gx = layer_norm_grad_input(x, w, grad)?;
+        let (gw, gb) = layer_norm_grad_params(x, grad)?;
+        Ok((Some(gx), Some(gw), Some(gb)))
     }
 }
 
@@ -265,9 +286,7 @@ impl CustomOp2 for BiasAdd {
         _y: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let gb = grad.apply_op1_no_bwd(&ColumnSum)?;
-        Ok((Some(grad), Some(gb)))
+        Ok((Some(grad.clone()), Some(column_sum(grad)?)))
     }
 }
 

@@ -1,18 +1,36 @@
 //! The [`Block`] trait, and token ids as a first block's input. The layers blocks are made
 //! of are in [`crate::layers`] (re-exported here).
 
-use candle_core::{DType, Device, Tensor};
+use std::any::Any;
+
+use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::Result;
+pub use crate::layers::grads::Deferred;
 pub use crate::layers::{Init, LayerNorm, Linear};
 use crate::params::Param;
 
+/// What a block's [`forward_saved`](Block::forward_saved) keeps for its backward: a value
+/// of the block's own type, which only its [`backward_input`](Block::backward_input) reads.
+pub type Saved = Box<dyn Any + Send + Sync>;
+
 /// One stage of a model: a function of one input tensor with its own parameters.
 ///
-/// A model runs its blocks in sequence. Each block's forward gets a *leaf* input (a fresh
-/// variable detached from the previous block), so the backward of one block can run on its
-/// own once the gradient of its output is known: that is what lets data parallelism start
-/// communicating a block's gradients while earlier blocks are still in backward.
+/// A model runs its blocks in sequence, each in one of two forms:
+///
+/// - [`forward`](Block::forward) builds candle's autograd graph: inference, and the
+///   reference ([`Graph::Whole`](super::Graph::Whole)) every other form is tested against;
+/// - [`forward_saved`](Block::forward_saved) builds no graph and returns what the block's
+///   own backward needs; [`backward_input`](Block::backward_input) then computes the gradient
+///   of the input from that of the output, right away, and returns the weights' gradients
+///   as [`Deferred`] work that a schedule may run at once or later (zero-bubble pipelines).
+///   What is saved holds no parameter, so parameters may be freed between a block's
+///   forward and its backward (ZeRO stage 3).
+///
+/// Blocks run one at a time, so data parallelism starts communicating a block's gradients
+/// while earlier blocks are still in backward. A block that does not write its backward
+/// out gets one from candle's autograd (the default methods): correct, but its weights'
+/// gradients are computed with its input's and its graph keeps its parameters alive.
 pub trait Block: Send + Sync {
     /// The block's name (the prefix of its parameters' names).
     fn name(&self) -> &str;
@@ -25,6 +43,58 @@ pub trait Block: Send + Sync {
     fn shared(&self) -> &[Param] {
         &[]
     }
+    /// The output for input `x` without an autograd graph, and what the backward needs.
+    /// Default: [`forward`](Block::forward) on a leaf copy of `x`, keeping the graph.
+    fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        autograd_forward(self, x)
+    }
+    /// From what [`forward_saved`](Block::forward_saved) saved and the gradient `grad` of
+    /// the output: the gradient of the input (`None` for token ids) and the parameters'
+    /// gradients, deferred. Default: candle's backward through the saved graph.
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        autograd_backward(self, saved, grad)
+    }
+}
+
+/// The graph a block's default [`Block::forward_saved`] keeps.
+struct AutogradSaved {
+    /// The leaf input (`None`: token ids).
+    input: Option<Var>,
+    output: Tensor,
+    /// Each parameter the block uses with the tensor its forward read (the parameter may
+    /// hold another by the time backward runs).
+    params: Vec<(Param, Tensor)>,
+}
+
+fn autograd_forward<B: Block + ?Sized>(block: &B, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+    let input = if x.dtype() == DType::U32 { None } else { Some(Var::from_tensor(&x.detach())?) };
+    let params = block.params().iter().chain(block.shared()).map(|p| (p.clone(), p.tensor())).collect();
+    let output = block.forward(input.as_ref().map_or(x, Var::as_tensor))?;
+    Ok((output.detach(), Box::new(AutogradSaved { input, output, params })))
+}
+
+/// The saved value of `block`'s forward, as type `T`.
+pub(crate) fn saved_as<T: 'static, B: Block + ?Sized>(block: &B, saved: Saved) -> candle_core::Result<T> {
+    match saved.downcast::<T>() {
+        Ok(s) => Ok(*s),
+        Err(_) => candle_core::bail!("{}: backward given what another block's forward saved", block.name()),
+    }
+}
+
+fn autograd_backward<B: Block + ?Sized>(
+    block: &B,
+    saved: Saved,
+    grad: &Tensor,
+) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+    let s: AutogradSaved = saved_as(block, saved)?;
+    let store = (s.output * grad)?.sum_all()?.backward()?;
+    let got = |t: &Tensor, what: &str| match store.get(t) {
+        Some(g) => Ok(g.clone()),
+        None => candle_core::bail!("{}: {what} received no gradient", block.name()),
+    };
+    let below = s.input.map(|v| got(v.as_tensor(), "the input")).transpose()?;
+    let grads = s.params.into_iter().map(|(p, t)| Ok((p.clone(), got(&t, p.name())?)));
+    Ok((below, Deferred::ready(grads.collect::<candle_core::Result<_>>()?)))
 }
 
 /// Token ids as a `[rows, len]` tensor.

@@ -8,14 +8,19 @@
 //! group (q/k/v column-parallel, output projection row-parallel), the MLP column- then
 //! row-parallel: one all-reduce forward and one backward per attention and per MLP. With
 //! sequence parallelism the norms and residuals work on `len / tp` positions per rank.
+//!
+//! Every block writes its backward out ([`Block::forward_saved`], [`Block::backward_input`]):
+//! each layer keeps its input (a column-parallel layer under sequence parallelism only this
+//! rank's positions), the attention its q, k, v and weights, the MLP its pre-activation and
+//! activation; no block keeps a parameter.
 
 use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
-use super::block::{Block, Init, LayerNorm, expect_ids};
-use super::softmax::causal_softmax;
+use super::attention;
+use super::block::{Block, Deferred, Init, LayerNorm, Saved, expect_ids, saved_as};
 use crate::error::{Error, Result};
-use crate::layers::ops::gelu;
+use crate::layers::ops::{gelu, gelu_grad};
 use crate::params::Param;
 use crate::tp::{ColumnParallelLinear, RowParallelLinear, Tp, VocabParallelEmbedding};
 
@@ -77,14 +82,50 @@ impl Block for Embed {
     fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
         expect_ids("embed", ids, self.context)?;
         let tok = self.tok.forward(ids)?;
-        // Under sequence parallelism this rank holds positions first .. first + len.
-        let len = tok.dim(1)?;
-        let first = if self.tp.sp() { self.tp.rank() * len } else { 0 };
+        let (first, len) = self.positions(&tok)?;
         tok.broadcast_add(&self.pos.tensor().narrow(0, first, len)?)
     }
 
     fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    fn forward_saved(&self, ids: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        expect_ids("embed", ids, self.context)?;
+        let tok = self.tok.apply(ids)?;
+        let (first, len) = self.positions(&tok)?;
+        let y = tok.broadcast_add(&self.pos.tensor().detach().narrow(0, first, len)?)?;
+        Ok((y, Box::new(ids.clone())))
+    }
+
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        let ids: Tensor = saved_as(self, saved)?;
+        let mut deferred = Deferred::new();
+        self.tok.backward(ids, grad, &mut deferred)?;
+        let (first, len) = self.positions(grad)?;
+        let (pos, context, grad) = (self.pos.clone(), self.context, grad.clone());
+        deferred.push(move || {
+            let g = grad.sum(0)?.pad_with_zeros(0, first, context - first - len)?;
+            Ok(vec![(pos, g)])
+        });
+        Ok((None, deferred))
+    }
+}
+
+impl Embed {
+    /// The positions `first .. first + len` an output `[rows, len, width]` of this rank
+    /// holds (under sequence parallelism its part of the sequence).
+    fn positions(&self, y: &Tensor) -> candle_core::Result<(usize, usize)> {
+        let len = y.dim(1)?;
+        let first = if self.tp.sp() { self.tp.rank() * len } else { 0 };
+        if first + len > self.context {
+            candle_core::bail!(
+                "embed: positions {first}..{} beyond the context {}",
+                first + len,
+                self.context
+            );
+        }
+        Ok((first, len))
     }
 }
 
@@ -121,20 +162,29 @@ impl Layer {
     }
 
     fn attention(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        // [b, t, 3·d/tp] (the whole sequence, this rank's heads) -> [3, b, heads, t, dh]
-        let qkv = self.qkv.forward(x)?;
-        let (b, t, three_d) = qkv.dims3()?;
-        let d = three_d / 3;
-        let dh = d / self.heads;
-        let qkv = qkv.reshape((b, t, 3, self.heads, dh))?.permute((2, 0, 3, 1, 4))?;
-        let q = qkv.get(0)?.contiguous()?;
-        let k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
-        // Scale, causal mask and softmax in one pass (candle's fused softmax has no backward).
-        let att = causal_softmax(&q.matmul(&k.t()?)?, 1.0 / (dh as f64).sqrt())?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        // [b, t, 3·d/tp]: the whole sequence, this rank's heads.
+        let (y, _) = attention::forward(&self.qkv.forward(x)?, self.heads)?;
         self.proj.forward(&y)
     }
+}
+
+/// What a [`Layer`]'s forward keeps: the input of each of its layers.
+struct LayerSaved {
+    /// The block's input (`ln1`'s).
+    x: Tensor,
+    /// `qkv`'s input (`ln1`'s output; under sequence parallelism this rank's positions).
+    a: Tensor,
+    att: attention::Saved,
+    /// `proj`'s input (the attention's output).
+    y: Tensor,
+    /// `ln2`'s input (after the first residual).
+    h: Tensor,
+    /// `fc`'s input (`ln2`'s output; under sequence parallelism this rank's positions).
+    c: Tensor,
+    /// GELU's input (`fc`'s output).
+    f: Tensor,
+    /// `out`'s input (GELU's output).
+    g: Tensor,
 }
 
 impl Block for Layer {
@@ -150,6 +200,31 @@ impl Block for Layer {
 
     fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        let a = self.ln1.apply(x)?;
+        let (y, att) = attention::forward(&self.qkv.apply(&a)?, self.heads)?;
+        let h = (x + self.proj.apply(&y)?)?;
+        let c = self.ln2.apply(&h)?;
+        let f = self.fc.apply(&c)?;
+        let g = gelu(&f)?;
+        let out = (&h + self.out.apply(&g)?)?;
+        Ok((out, Box::new(LayerSaved { x: x.clone(), a, att, y, h, c, f, g })))
+    }
+
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        let s: LayerSaved = saved_as(self, saved)?;
+        let mut d = Deferred::new();
+        // The MLP branch, then the residual's gradient joins it.
+        let gg = self.out.backward_input(s.g, grad, &mut d)?;
+        let gc = self.fc.backward_input(s.c, &gelu_grad(&s.f, &gg)?, &mut d)?;
+        let gh = (grad + self.ln2.backward_input(s.h, &gc, &mut d)?)?;
+        // The attention branch, likewise.
+        let gy = self.proj.backward_input(s.y, &gh, &mut d)?;
+        let ga = self.qkv.backward_input(s.a, &attention::backward(s.att, &gy)?, &mut d)?;
+        let gx = (gh + self.ln1.backward_input(s.x, &ga, &mut d)?)?;
+        Ok((Some(gx), d))
     }
 }
 
@@ -197,5 +272,17 @@ impl Block for Head {
 
     fn shared(&self) -> &[Param] {
         &self.shared
+    }
+
+    fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        let c = self.norm.apply(x)?;
+        Ok((self.out.apply(&c)?, Box::new((x.clone(), c))))
+    }
+
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        let (x, c): (Tensor, Tensor) = saved_as(self, saved)?;
+        let mut d = Deferred::new();
+        let gc = self.out.backward_input(c, grad, &mut d)?;
+        Ok((Some(self.norm.backward_input(x, &gc, &mut d)?), d))
     }
 }

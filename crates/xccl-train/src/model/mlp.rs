@@ -2,14 +2,16 @@
 //! embeddings of the last `context` tokens (zero before the start) are concatenated and go
 //! through `layers` hidden layers of `width` units (GELU) to the logits of the next token.
 //!
-//! Blocks: `embed` (embedding and the causal window), `h00` … `hNN`, `head`.
+//! Blocks: `embed` (embedding and the causal window), `h00` … `hNN`, `head`. The hidden
+//! layers and the head write their backward out; the window's comes from candle's autograd
+//! (the [`Block`] default), so both kinds meet in every run.
 
 use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
-use super::block::{Block, Init, Linear, expect_ids};
+use super::block::{Block, Deferred, Init, Linear, Saved, expect_ids, saved_as};
 use crate::error::{Error, Result};
-use crate::layers::ops::gelu;
+use crate::layers::ops::{gelu, gelu_grad};
 use crate::params::Param;
 
 /// Embedding features per token: a quarter of the hidden width (at least 4).
@@ -98,6 +100,18 @@ impl Block for Hidden {
     fn params(&self) -> &[Param] {
         &self.params
     }
+
+    fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        let f = self.linear.apply(x)?;
+        Ok((gelu(&f)?, Box::new((x.clone(), f))))
+    }
+
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        let (x, f): (Tensor, Tensor) = saved_as(self, saved)?;
+        let mut d = Deferred::new();
+        let gx = self.linear.backward_input(&gelu_grad(&f, grad)?, move || Ok(x), &mut d)?;
+        Ok((Some(gx), d))
+    }
 }
 
 /// The output layer: logits of the next token.
@@ -117,5 +131,16 @@ impl Block for Output {
 
     fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
+        Ok((self.linear.apply(x)?, Box::new(x.clone())))
+    }
+
+    fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
+        let x: Tensor = saved_as(self, saved)?;
+        let mut d = Deferred::new();
+        let gx = self.linear.backward_input(grad, move || Ok(x), &mut d)?;
+        Ok((Some(gx), d))
     }
 }

@@ -1,12 +1,15 @@
 //! Models as sequences of [`Block`]s: configuration, construction, forward, the loss, and
 //! backward block by block.
 //!
-//! Blockwise backward: block `k` ran on a leaf input `x_k` (a variable detached from block
-//! `k - 1`'s output `y_{k-1}`). The last block's backward is `loss.backward()`; block `k`'s
-//! is `(y_k · g_k).sum().backward()`, where `g_k` is the gradient of block `k + 1`'s input.
-//! Each yields the block's parameter gradients and `g_{k-1}`, so gradients become ready
-//! block by block, last block first, as in PyTorch's autograd with DDP hooks.
+//! Blockwise backward: each block's forward ran without an autograd graph, keeping what its
+//! own backward needs ([`Block::forward_saved`]); the logits are a variable, so
+//! `loss.backward()` gives their gradient `g`. Then block by block from the last, the
+//! block's [`Block::backward_input`] turns the gradient of its output into that of its
+//! input and defers its parameters' gradients, which run at once here (a zero-bubble
+//! pipeline runs them later). Gradients become ready block by block, last block first,
+//! as in PyTorch's autograd with DDP hooks.
 
+pub mod attention;
 pub mod block;
 pub mod flops;
 pub mod gpt;
@@ -18,7 +21,7 @@ use std::sync::Arc;
 
 use candle_core::{D, Tensor, Var};
 
-pub use block::{Block, Init, ids_tensor};
+pub use block::{Block, Deferred, Init, Saved, ids_tensor};
 
 use crate::error::{Error, Result};
 use crate::params::{Layout, Param, ParamSet, Shard};
@@ -67,17 +70,18 @@ impl std::fmt::Display for ModelConfig {
     }
 }
 
-/// How a forward pass builds its graph.
+/// How a forward pass keeps what backward needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Graph {
-    /// Each block gets a leaf input, so backward runs block by block.
+    /// Each block keeps what its own backward needs ([`Block::forward_saved`]), and
+    /// backward runs block by block. What is kept holds no parameter, so with a
+    /// [`Residency`] that frees them, only the blocks running hold parameters.
     Blockwise,
     /// As [`Graph::Blockwise`], but only each block's input is kept: every block but the
-    /// last drops its graph (and with it every reference to its parameters) after its
-    /// forward, and runs its forward again just before its backward. With a [`Residency`]
-    /// that frees parameters, at most a few blocks' parameters exist at any time.
+    /// last drops what it saved after its forward and runs its forward again just before
+    /// its backward (activation recomputation: less memory, one more forward).
     Recompute,
-    /// One graph through the whole model (the reference for tests, and inference).
+    /// One autograd graph through the whole model (the reference for tests, and inference).
     Whole,
 }
 
@@ -126,19 +130,21 @@ pub type BlockGrads = Vec<(usize, Tensor)>;
 
 /// What a forward pass keeps for backward.
 pub struct Forward {
-    /// The token ids the first block ran on (kept to run it again with [`Graph::Recompute`]).
-    ids: Tensor,
-    /// Output of each block; the last is the logits.
-    outputs: Vec<Tensor>,
-    /// Leaf input of each block after the first (blockwise graphs).
-    inputs: Vec<Option<Var>>,
+    /// Input of each block (the first's the token ids), kept to run its forward again
+    /// with [`Graph::Recompute`].
+    inputs: Vec<Tensor>,
+    /// What each block's forward saved (`None`: dropped, to be recomputed; or a
+    /// [`Graph::Whole`] forward, whose graph holds everything).
+    saved: Vec<Option<Saved>>,
+    /// The logits; a variable for blockwise graphs (the loss's backward stops there).
+    logits: Tensor,
     graph: Graph,
 }
 
 impl Forward {
     /// The logits, `[rows, len, vocab]`.
     pub fn logits(&self) -> &Tensor {
-        &self.outputs[self.outputs.len() - 1]
+        &self.logits
     }
 }
 
@@ -300,29 +306,32 @@ impl Model {
         residency: &mut dyn Residency,
     ) -> Result<Forward> {
         let n = self.blocks.len();
-        let mut outputs: Vec<Tensor> = Vec::with_capacity(n);
-        let mut inputs = Vec::with_capacity(n);
+        let mut inputs: Vec<Tensor> = Vec::with_capacity(n);
+        let mut saved = Vec::with_capacity(n);
+        let mut x = ids.clone();
         for (k, b) in self.blocks.iter().enumerate() {
-            let (input, leaf) = match (outputs.last(), graph) {
-                (None, _) => (ids.clone(), None),
-                (Some(prev), Graph::Whole) => (prev.clone(), None),
-                (Some(prev), Graph::Blockwise | Graph::Recompute) => {
-                    let v = Var::from_tensor(&prev.detach())?;
-                    (v.as_tensor().clone(), Some(v))
+            residency.fetch(k, (k + 1 < n).then_some(k + 1))?;
+            let name = || format!("fwd {}", b.name());
+            let (y, kept) = match graph {
+                Graph::Whole => (trace.span(name, || b.forward(&x))?, None),
+                _ => {
+                    let (y, s) = trace.span(name, || b.forward_saved(&x))?;
+                    // The last block's stays: its backward starts right after the loss.
+                    (y, (graph == Graph::Blockwise || k + 1 == n).then_some(s))
                 }
             };
-            residency.fetch(k, (k + 1 < n).then_some(k + 1))?;
-            let y = trace.span(|| format!("fwd {}", b.name()), || b.forward(&input))?;
-            // The last block's graph stays: its backward starts from the loss right away.
-            if graph == Graph::Recompute && k + 1 < n {
-                outputs.push(y.detach());
+            // Nothing kept for backward holds a parameter (but a [`Graph::Whole`] graph).
+            if graph != Graph::Whole {
                 residency.evict(k)?;
-            } else {
-                outputs.push(y);
             }
-            inputs.push(leaf);
+            inputs.push(std::mem::replace(&mut x, y));
+            saved.push(kept);
         }
-        Ok(Forward { ids: ids.clone(), outputs, inputs, graph })
+        let logits = match graph {
+            Graph::Whole => x,
+            _ => Var::from_tensor(&x)?.as_tensor().clone(),
+        };
+        Ok(Forward { inputs, saved, logits, graph })
     }
 
     /// The logits for token ids `[rows, len]`, `[rows, len, vocab]`, without keeping
@@ -390,7 +399,7 @@ impl Model {
     /// gradients.
     pub fn backward_with<R: Residency + ?Sized>(
         &self,
-        fwd: Forward,
+        mut fwd: Forward,
         loss: &Tensor,
         trace: &mut Trace,
         residency: &mut R,
@@ -404,30 +413,29 @@ impl Model {
             }
             return Ok(());
         }
-        let mut grad_out: Option<Tensor> = None;
+        let mut grad: Option<Tensor> = None;
         for k in (0..n).rev() {
-            let name = self.blocks[k].name();
-            if k > 0 && fwd.inputs[k].is_none() {
-                return Err(Error::internal("blockwise input lost"));
-            }
+            let block = &self.blocks[k];
+            let name = block.name();
             residency.fetch(k, k.checked_sub(1))?;
-            let output = match (k + 1 == n, fwd.graph) {
-                (true, _) => loss.clone(),
-                (false, Graph::Recompute) => {
-                    let input =
-                        fwd.inputs[k].as_ref().map_or_else(|| fwd.ids.clone(), |v| v.as_tensor().clone());
-                    trace.span(|| format!("recompute {name}"), || self.blocks[k].forward(&input))?
-                }
-                (false, _) => fwd.outputs[k].clone(),
+            let saved = match fwd.saved[k].take() {
+                Some(s) => s,
+                None => trace.span(|| format!("recompute {name}"), || block.forward_saved(&fwd.inputs[k]))?.1,
             };
             // The span covers the block's backward and the hand-over of its gradients.
-            grad_out = trace.span(
+            grad = trace.span(
                 || format!("bwd {name}"),
                 || -> Result<Option<Tensor>> {
-                    let (grads, below) =
-                        self.backward_blocks(k..k + 1, &output, grad_out.as_ref(), fwd.inputs[k].as_ref())?;
+                    let g = match grad.take() {
+                        Some(g) => g,
+                        None => self.logits_grad(&fwd.logits, loss)?,
+                    };
+                    let (below, deferred) = block.backward_input(saved, &g)?;
                     residency.evict(k)?;
-                    done(residency, k, grads)?;
+                    done(residency, k, self.weight_grads(k..k + 1, deferred)?)?;
+                    if below.is_none() && k > 0 {
+                        return Err(Error::internal(format!("block {name} gave no gradient of its input")));
+                    }
                     Ok(below)
                 },
             )?;
@@ -435,46 +443,103 @@ impl Model {
         Ok(())
     }
 
-    /// Runs blocks `blocks` (indices in this model) as one graph on `input`: token ids for
-    /// the model's first block, else the output of the block before (a pipeline stage's
-    /// forward).
-    pub fn forward_blocks(&self, blocks: Range<usize>, input: &Tensor) -> Result<Tensor> {
-        let mut x = input.clone();
-        for b in &self.blocks[blocks] {
-            x = b.forward(&x)?;
-        }
-        Ok(x)
+    /// The gradient of `loss` with respect to `logits`, the variable a blockwise forward
+    /// ended with.
+    fn logits_grad(&self, logits: &Tensor, loss: &Tensor) -> Result<Tensor> {
+        let store = loss.backward()?;
+        store.get(logits).cloned().ok_or_else(|| Error::internal("the loss does not depend on the logits"))
     }
 
-    /// Backward through blocks `blocks`, which ran from `input` to `output`: `grad` is the
-    /// gradient of `output`, or `None` when `output` is the loss. Returns the gradients of
-    /// the parameters the blocks use (shared ones included, summed over the blocks) and the
-    /// gradient of `input` when it is a variable.
-    pub fn backward_blocks(
+    /// Runs blocks `blocks` (indices in this model) on `input`, token ids for the model's
+    /// first block, else the output of the block before (a pipeline stage's forward): the
+    /// output and what each block saved for its backward.
+    pub fn forward_saved(&self, blocks: Range<usize>, input: &Tensor) -> Result<(Tensor, Vec<Saved>)> {
+        let mut x = input.clone();
+        let mut saved = Vec::with_capacity(blocks.len());
+        for b in &self.blocks[blocks] {
+            let (y, s) = b.forward_saved(&x)?;
+            saved.push(s);
+            x = y;
+        }
+        Ok((x, saved))
+    }
+
+    /// The input half of the backward through blocks `blocks` (as [`forward_saved`]
+    /// ran them, which saved `saved`), from the gradient `grad` of their output: the
+    /// gradient of their input (`None` for token ids) and the parameters' gradients,
+    /// deferred ([`weight_grads`](Self::weight_grads) runs them).
+    ///
+    /// [`forward_saved`]: Self::forward_saved
+    pub fn backward_input(
         &self,
         blocks: Range<usize>,
-        output: &Tensor,
-        grad: Option<&Tensor>,
-        input: Option<&Var>,
-    ) -> Result<(BlockGrads, Option<Tensor>)> {
-        let store = match grad {
-            None => output.backward()?,
-            Some(g) => (output * g)?.sum_all()?.backward()?,
-        };
+        saved: Vec<Saved>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Deferred)> {
+        if saved.len() != blocks.len() {
+            return Err(Error::internal(format!("{} saved states for {} blocks", saved.len(), blocks.len())));
+        }
+        let mut g = Some(grad.clone());
+        let mut all = Deferred::new();
+        for (b, s) in self.blocks[blocks.clone()].iter().zip(saved).rev() {
+            let Some(gy) = g.take() else {
+                return Err(Error::internal(format!("block {} gets no gradient of its output", b.name())));
+            };
+            let (below, d) = b.backward_input(s, &gy)?;
+            all.extend(d);
+            g = below;
+        }
+        Ok((g, all))
+    }
+
+    /// Runs the deferred weight-gradient work of blocks `blocks`: the gradients of every
+    /// parameter they use (shared ones included, summed over the blocks), with the
+    /// group's partial sums completed under sequence parallelism.
+    pub fn weight_grads(&self, blocks: Range<usize>, deferred: Deferred) -> Result<BlockGrads> {
         let mut which: Vec<usize> = blocks.flat_map(|k| self.used[k].iter().copied()).collect();
         which.sort_unstable();
         which.dedup();
-        let grads = self.complete(self.collect(&store, &which)?)?;
-        let below = match input {
-            Some(v) => Some(
-                store
-                    .get(v.as_tensor())
-                    .cloned()
-                    .ok_or_else(|| Error::internal("no gradient reached the input of the blocks"))?,
-            ),
-            None => None,
-        };
-        Ok((grads, below))
+        let mut grads: Vec<Option<Tensor>> = vec![None; which.len()];
+        for (p, g) in deferred.run()? {
+            let Some(at) = which.iter().position(|&i| self.params.slots()[i].param.is(&p)) else {
+                return Err(Error::internal(format!(
+                    "a gradient for {}, which these blocks do not use",
+                    p.name()
+                )));
+            };
+            grads[at] = Some(match grads[at].take() {
+                Some(sum) => (sum + g)?,
+                None => g,
+            });
+        }
+        let grads = which
+            .into_iter()
+            .zip(grads)
+            .map(|(i, g)| {
+                g.map(|g| (i, g)).ok_or_else(|| {
+                    Error::internal(format!(
+                        "parameter {} received no gradient",
+                        self.params.slots()[i].param.name()
+                    ))
+                })
+            })
+            .collect::<Result<BlockGrads>>()?;
+        self.complete(grads)
+    }
+
+    /// The loss of logits `logits` (see [`loss`](Self::loss)) and its gradient with respect
+    /// to them (a pipeline's last stage, which starts its backward there).
+    pub fn loss_and_grad(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        mask: &Tensor,
+        norm: f64,
+    ) -> Result<(f64, Tensor)> {
+        let logits = Var::from_tensor(logits)?;
+        let loss = self.loss(logits.as_tensor(), targets, mask, norm)?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        Ok((value, self.logits_grad(logits.as_tensor(), &loss)?))
     }
 
     /// The gradients in `store` of parameters `which` (indices in the parameter set).

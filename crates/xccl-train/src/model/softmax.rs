@@ -20,6 +20,12 @@ pub fn causal_softmax(scores: &Tensor, scale: f64) -> candle_core::Result<Tensor
     scores.contiguous()?.apply_op1(CausalSoftmax { scale: scale as f32 })
 }
 
+/// The gradient of [`causal_softmax`]'s input from its output `y` and that output's
+/// gradient `gy`: `scale · y · (gy − Σ gy·y)` per row, 0 above the diagonal.
+pub fn causal_softmax_grad(y: &Tensor, gy: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
+    y.contiguous()?.apply_op2_no_bwd(&gy.contiguous()?, &CausalSoftmaxGrad { scale: scale as f32 })
+}
+
 /// The side `t` of the square `[.., t, t]` matrices of `l`.
 fn side(name: &str, l: &Layout) -> candle_core::Result<usize> {
     match l.dims() {
@@ -61,8 +67,7 @@ impl CustomOp1 for CausalSoftmax {
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let g = grad.contiguous()?;
-        Ok(Some(y.apply_op2_no_bwd(&g, &CausalSoftmaxGrad { scale: self.scale })?))
+        Ok(Some(causal_softmax_grad(y, grad, f64::from(self.scale))?))
     }
 }
 

@@ -182,6 +182,11 @@ impl Param {
         self.var.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether `other` is this parameter (a clone of it), whatever its value is now.
+    pub fn is(&self, other: &Param) -> bool {
+        Arc::ptr_eq(&self.var, &other.var)
+    }
+
     /// The variable currently holding its value (a handle: setting it sets the parameter).
     pub fn var(&self) -> Var {
         self.cell().clone()

@@ -8,9 +8,10 @@
 //! expect. The run proves:
 //!
 //! 1. every list ends with its only [`Action::OptimizerStep`], and by then the rank has run
-//!    the forward and the backward of each of its `(micro-batch, chunk)` pairs exactly once,
-//!    and sent each activation and gradient its neighbours need ([`Violation::End`],
-//!    [`Fault::Repeated`]);
+//!    the forward and the backward of each of its `(micro-batch, chunk)` pairs exactly once
+//!    (a whole [`Action::Backward`], or an [`Action::BackwardInput`] and a later
+//!    [`Action::BackwardWeight`], never both), and sent each activation and gradient its
+//!    neighbours need ([`Violation::End`], [`Fault::Repeated`]);
 //! 2. the `k`-th receive on a channel takes the `k`-th send, with the micro-batch and global
 //!    stage it expects, from and to the ranks of the neighbouring global stages
 //!    ([`Fault::Mismatch`], [`Fault::WrongPeer`], [`Fault::NoSuchMessage`]); every send has
@@ -18,17 +19,20 @@
 //!    and backwards needs the receive of its one message;
 //! 3. no deadlock: when no rank can progress before all are done, [`Violation::Deadlock`]
 //!    names the blocked ranks and the receives they wait at;
-//! 4. on every rank a backward follows its forward, a forward not on global stage 0 its
-//!    activation's receive, a backward not on the last global stage its gradient's receive,
-//!    and a send the computation of what it sends ([`Fault::Early`]);
-//! 5. a rank never holds more activations (forwards done whose backward is not) than
-//!    [`Schedule::activation_bound`] ([`Violation::Memory`]);
-//! 6. timing, with costs in integer units: a chunk's forward 1, its backward 2, communication
-//!    free; a rank's clock advances by its computations and a receive moves it to the time
-//!    its message was sent (a computation starts when its rank is free and its inputs have
-//!    arrived). With makespan `T` (the largest clock at the optimiser steps) and every rank
-//!    busy `3·m·v`, the bubble `1 − 3·m·v / T` must equal [`Schedule::bubble_ratio`] exactly,
-//!    compared as integers ([`Violation::Bubble`]).
+//! 4. on every rank a backward (whole or input-gradient) follows its forward, a weight-gradient
+//!    backward its input-gradient one, a forward not on global stage 0 its activation's
+//!    receive, a backward not on the last global stage its gradient's receive, and a send the
+//!    computation of what it sends ([`Fault::Early`]);
+//! 5. a rank never holds more activations (forwards done whose backward is not, or, split,
+//!    whose weight-gradient backward is not) than [`Schedule::activation_bound`]
+//!    ([`Violation::Memory`]);
+//! 6. timing, with costs in integer units: a chunk's forward 1, its whole backward 2, an
+//!    input-gradient and a weight-gradient backward 1 each, communication free; a rank's clock
+//!    advances by its computations and a receive moves it to the time its message was sent (a
+//!    computation starts when its rank is free and its inputs have arrived). With makespan `T`
+//!    (the largest clock at the optimiser steps) and every rank busy `3·m·v`, the bubble `1 −
+//!    3·m·v / T` must equal [`Schedule::bubble_ratio`] exactly, compared as integers
+//!    ([`Violation::Bubble`]).
 
 use std::collections::VecDeque;
 
@@ -37,16 +41,22 @@ pub use super::violation::{Blocked, Fault, Message, Need, Payload, Report, Viola
 
 /// The cost of a chunk's forward, in time units.
 const FORWARD_COST: u64 = 1;
-/// The cost of a chunk's backward, in time units.
-const BACKWARD_COST: u64 = 2;
+/// The cost of a chunk's input-gradient backward, in time units.
+const INPUT_COST: u64 = 1;
+/// The cost of a chunk's weight-gradient backward, in time units.
+const WEIGHT_COST: u64 = 1;
+/// The cost of a chunk's whole backward, in time units.
+const BACKWARD_COST: u64 = INPUT_COST + WEIGHT_COST;
 
-/// Flags of one `(micro-batch, chunk)` pair on its rank: what has run.
+/// Flags of one `(micro-batch, chunk)` pair on its rank: what has run. A whole backward sets
+/// both `INPUT` and `WEIGHT`.
 const FORWARD: u8 = 1;
-const BACKWARD: u8 = 2;
+const INPUT: u8 = 2;
 const GOT_ACTIVATION: u8 = 4;
 const GOT_GRADIENT: u8 = 8;
 const SENT_ACTIVATION: u8 = 16;
 const SENT_GRADIENT: u8 = 32;
+const WEIGHT: u8 = 64;
 
 /// One rank's state in the run.
 #[derive(Clone, Default)]
@@ -107,7 +117,10 @@ impl Run<'_> {
     fn step(&mut self, rank: usize, index: usize, action: Action) -> Result<Outcome, Violation> {
         let fail = |fault| Err(Violation::Action { rank, index, action, fault });
         let (mb, chunk, peer) = match action {
-            Action::Forward { mb, chunk } | Action::Backward { mb, chunk } => (mb, chunk, 0),
+            Action::Forward { mb, chunk }
+            | Action::Backward { mb, chunk }
+            | Action::BackwardInput { mb, chunk }
+            | Action::BackwardWeight { mb, chunk } => (mb, chunk, 0),
             Action::SendActivation { mb, chunk, peer }
             | Action::RecvActivation { mb, chunk, peer }
             | Action::SendGradient { mb, chunk, peer }
@@ -125,16 +138,21 @@ impl Run<'_> {
         let (sets, needs, message): (u8, &[(u8, Need)], _) = match action {
             Action::Forward { .. } if g > 0 => (FORWARD, &[(GOT_ACTIVATION, Need::Activation)], None),
             Action::Forward { .. } => (FORWARD, &[], None),
-            Action::Backward { .. } if g < last => {
-                (BACKWARD, &[(FORWARD, Need::Forward), (GOT_GRADIENT, Need::Gradient)], None)
+            Action::Backward { .. } | Action::BackwardInput { .. } => {
+                let sets = if matches!(action, Action::Backward { .. }) { INPUT | WEIGHT } else { INPUT };
+                let needs: &[(u8, Need)] = match g < last {
+                    true => &[(FORWARD, Need::Forward), (GOT_GRADIENT, Need::Gradient)],
+                    false => &[(FORWARD, Need::Forward)],
+                };
+                (sets, needs, None)
             }
-            Action::Backward { .. } => (BACKWARD, &[(FORWARD, Need::Forward)], None),
+            Action::BackwardWeight { .. } => (WEIGHT, &[(INPUT, Need::InputGradient)], None),
             Action::SendActivation { .. } => {
                 (SENT_ACTIVATION, &[(FORWARD, Need::Forward)], Some((Payload::Activation, true)))
             }
             Action::RecvActivation { .. } => (GOT_ACTIVATION, &[], Some((Payload::Activation, false))),
             Action::SendGradient { .. } => {
-                (SENT_GRADIENT, &[(BACKWARD, Need::Backward)], Some((Payload::Gradient, true)))
+                (SENT_GRADIENT, &[(INPUT, Need::Backward)], Some((Payload::Gradient, true)))
             }
             _ => (GOT_GRADIENT, &[], Some((Payload::Gradient, false))),
         };
@@ -170,8 +188,15 @@ impl Run<'_> {
                 }
             }
             None => {
-                state.clock += BACKWARD_COST;
-                state.held -= 1;
+                state.clock += match action {
+                    Action::Backward { .. } => BACKWARD_COST,
+                    Action::BackwardInput { .. } => INPUT_COST,
+                    _ => WEIGHT_COST,
+                };
+                // The activations are released with the weight gradient.
+                if sets & WEIGHT != 0 {
+                    state.held -= 1;
+                }
             }
             Some((payload, true, stage)) => {
                 let message = (Message { payload, mb, stage }, state.clock);
@@ -217,8 +242,12 @@ impl Run<'_> {
             let g = shape.global_stage(rank, chunk);
             let missing = if done & FORWARD == 0 {
                 Action::Forward { mb, chunk }
-            } else if done & BACKWARD == 0 {
+            } else if done & INPUT == 0 && self.s.kind == Kind::ZeroBubble {
+                Action::BackwardInput { mb, chunk }
+            } else if done & INPUT == 0 {
                 Action::Backward { mb, chunk }
+            } else if done & WEIGHT == 0 {
+                Action::BackwardWeight { mb, chunk }
             } else if g < last && done & SENT_ACTIVATION == 0 {
                 Action::SendActivation { mb, chunk, peer: shape.locate(g + 1).0 }
             } else if g > 0 && done & SENT_GRADIENT == 0 {
@@ -274,6 +303,7 @@ pub fn check(s: &Schedule) -> Result<Report, Violation> {
     }
     Ok(Report {
         max_activations: run.ranks.iter().map(|r| r.peak).max().unwrap_or(0),
+        rank_activations: run.ranks.iter().map(|r| r.peak).collect(),
         activation_bound: run.bound,
         makespan,
         busy,
@@ -282,10 +312,10 @@ pub fn check(s: &Schedule) -> Result<Report, Violation> {
     })
 }
 
-/// Builds and [`check`]s every schedule with `p` in `1..=max_stages` stages and `m` in
-/// `1..=max_micro_batches` micro-batches, the interleaved one with `v` in `1..=max_virtual`
-/// chunks per rank; in the order kind ([`Kind::ALL`]), `v`, `p`, `m`, calling `each` with
-/// every result. Shapes [`Schedule::new`] rejects are skipped; returns how many.
+/// Builds and [`check`]s every schedule (GPipe, 1F1B, interleaved, ZB-H1) with `p` in
+/// `1..=max_stages` stages and `m` in `1..=max_micro_batches` micro-batches, the interleaved
+/// one with `v` in `1..=max_virtual` chunks per rank, the others with one; in the order kind
+/// ([`Kind::ALL`]), `v`, `p`, `m`, calling `each` with every result. Shapes [`Schedule::new`] rejects are skipped; returns how many.
 pub fn check_all(
     max_stages: usize,
     max_micro_batches: usize,
@@ -327,8 +357,15 @@ mod tests {
             match result {
                 Ok(r) => {
                     // Independently: the step is the pipeline's fill and drain plus every
-                    // rank's work, 3·(v·m + p − 1); the bound is reached.
-                    assert_eq!(r.makespan, 3 * (v * m + p - 1) as u64, "{kind} {shape:?}");
+                    // rank's work, 3·(v·m + p − 1); ZB-H1's fill and drain take one unit a
+                    // stage, p − 1 plus p − m more with fewer micro-batches than stages (rank
+                    // 0's first weight gradient waits 2·p − 1 for its input gradient, then
+                    // 2·m of backwards); the bound is reached.
+                    let makespan = match kind {
+                        Kind::ZeroBubble => 3 * m + p - 1 + p.saturating_sub(m),
+                        _ => 3 * (v * m + p - 1),
+                    };
+                    assert_eq!(r.makespan, makespan as u64, "{kind} {shape:?}");
                     assert_eq!(r.busy, 3 * (m * v) as u64, "{kind} {shape:?}");
                     let bound = match kind {
                         Kind::GPipe => m,
@@ -336,15 +373,20 @@ mod tests {
                         _ => p.min(m),
                     };
                     assert_eq!((r.activation_bound, r.max_activations), (bound, bound), "{kind} {shape:?}");
+                    // Every ZB-H1 rank holds 1F1B's peak.
+                    if kind == Kind::ZeroBubble {
+                        assert_eq!(r.rank_activations, vec![bound; p], "{kind} {shape:?}");
+                    }
                     assert_eq!(r.simulated_bubble, r.closed_form_bubble, "{kind} {shape:?}");
                 }
                 Err(e) => failures.push(format!("{kind} {shape:?}: {e}")),
             }
         });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
-        // Interleaved with v = 2..4 needs p ≥ 2 and m a multiple of p.
+        // GPipe, 1F1B, ZB-H1 and interleaved with v = 1 on every shape; interleaved with
+        // v = 2..4 needs p ≥ 2 and m a multiple of p.
         let applicable: usize = (2..=16).map(|p| 64 / p).sum::<usize>() * 3;
-        assert_eq!((checked, skipped), (3 * 16 * 64 + applicable, 3 * 16 * 64 - applicable));
+        assert_eq!((checked, skipped), (4 * 16 * 64 + applicable, 3 * 16 * 64 - applicable));
     }
 
     #[test]
@@ -484,6 +526,59 @@ mod tests {
         s.ranks[1] = vec![a(0).1, f(0), b(0), g(0).0, a(1).1, f(1), b(1), g(1).0, Action::OptimizerStep];
         // Each micro-batch takes 1 + 1 + 2 + 2: the step 12 for 6 of work, a bubble of 1/2.
         assert_eq!(check(&s), Err(Violation::Bubble { makespan: 12, busy: 6, closed_form: (1, 3) }));
+    }
+
+    #[test]
+    fn split_backwards_in_order_once_each() {
+        let (bi, w) = (Action::BackwardInput { mb: 0, chunk: 0 }, Action::BackwardWeight { mb: 0, chunk: 0 });
+        // Rank 1 (last stage) of ZB-H1, p = 2, m = 2: recvA(0) F(0) Bi(0) sendG(0) recvA(1)
+        // F(1) Bi(1) sendG(1) W(0) W(1) step.
+        let base = build(Kind::ZeroBubble, 2, 2, 1);
+        assert_eq!(base.ranks[1][2..4], [bi, Action::SendGradient { mb: 0, chunk: 0, peer: 0 }]);
+        // A weight gradient before its input gradient.
+        let mut s = base.clone();
+        s.ranks[1].insert(2, w);
+        assert_eq!(action_fault(&s), (1, 2, w, Fault::Early(Need::InputGradient)));
+        // An input gradient, or a whole backward, after the input gradient.
+        let mut s = base.clone();
+        s.ranks[1].insert(3, bi);
+        assert_eq!(action_fault(&s), (1, 3, bi, Fault::Repeated));
+        let mut s = base.clone();
+        s.ranks[1].insert(3, Action::Backward { mb: 0, chunk: 0 });
+        assert_eq!(action_fault(&s).3, Fault::Repeated);
+        // The gradient sent before the input gradient is computed.
+        let mut s = base.clone();
+        s.ranks[1].swap(2, 3);
+        assert_eq!(action_fault(&s).3, Fault::Early(Need::Backward));
+        // A weight gradient never run, or an input gradient never run.
+        let mut s = base.clone();
+        assert_eq!(s.ranks[1].remove(8), w);
+        assert_eq!(check(&s), Err(Violation::End { rank: 1, missing: w }));
+        let mut s = base.clone();
+        s.ranks[1].drain(2..4);
+        s.ranks[1].retain(|&a| a != w);
+        assert_eq!(check(&s), Err(Violation::End { rank: 1, missing: bi }));
+        // Activations are held until the weight gradient: rank 1's W moved to the end, its
+        // third forward holds three, over the bound min(p, m) = 2.
+        let mut s = build(Kind::ZeroBubble, 2, 4, 1);
+        let is_w = |a: &Action| matches!(a, Action::BackwardWeight { .. });
+        let weights: Vec<Action> = s.ranks[1].iter().copied().filter(is_w).collect();
+        s.ranks[1].retain(|a| !is_w(a));
+        let step = s.ranks[1].len() - 1;
+        s.ranks[1].splice(step..step, weights);
+        // recvA(0) F(0) Bi(0) sendG(0) recvA(1) F(1) Bi(1) sendG(1) recvA(2) F(2)
+        assert_eq!(check(&s), Err(Violation::Memory { rank: 1, index: 9, held: 3, bound: 2 }));
+    }
+
+    #[test]
+    fn split_backwards_cost_one_each() {
+        // One stage, one micro-batch: F, Bi, W, 3 units, no bubble.
+        let r = check(&build(Kind::ZeroBubble, 1, 1, 1)).unwrap();
+        assert_eq!((r.makespan, r.busy, r.simulated_bubble), (3, 3, 0.0));
+        // ZB-H1's closed form differs from 1F1B's: relabelled, the bubble check fails.
+        let mut s = build(Kind::ZeroBubble, 2, 4, 1);
+        s.kind = Kind::GPipe;
+        assert_eq!(check(&s), Err(Violation::Bubble { makespan: 13, busy: 12, closed_form: (1, 5) }));
     }
 
     #[test]

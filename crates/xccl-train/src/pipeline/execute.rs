@@ -14,14 +14,14 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::{Device, Tensor};
 use xccl::{Communicator, ReduceOp, Work};
 
 use super::schedule::{Action, Schedule};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::mesh::{Axis, Mesh};
-use crate::model::Model;
+use crate::model::{Deferred, Model, Saved};
 use crate::params::Chunks;
 use crate::trace::{Kind, Trace};
 
@@ -42,7 +42,9 @@ pub struct PipeStat {
     /// When its last backward ended. The step's pipeline runs from the earliest start to
     /// the latest end over the ranks; `1 − busy / that` is this rank's bubble.
     pub end: Instant,
-    /// The forwards and backwards, `F(mb,chunk)` / `B(mb,chunk)`, with their start and end.
+    /// The forwards and backwards, `F(mb,chunk)`, `B(mb,chunk)` (a whole backward),
+    /// `Bi(mb,chunk)` and `W(mb,chunk)` (its input and weight halves), with their start
+    /// and end.
     pub timeline: Vec<(String, Instant, Instant)>,
 }
 
@@ -66,10 +68,10 @@ pub struct Pipeline {
 
 /// What a forward keeps for its backward.
 struct Held {
-    /// The stage input as a leaf variable (`None` on the first stage: token ids).
-    input: Option<Var>,
-    /// The output (the loss on the last stage); `None` with recomputation.
-    output: Option<Tensor>,
+    /// The stage input (`None` on the first stage: the micro-batch's token ids).
+    input: Option<Tensor>,
+    /// What the chunk's blocks saved; `None` with recomputation.
+    saved: Option<Vec<Saved>>,
 }
 
 impl Pipeline {
@@ -162,6 +164,8 @@ impl Pipeline {
         // What a forward or backward produced for a later send, by (tag, micro-batch, chunk).
         let mut outbox: HashMap<(u32, usize, usize), Tensor> = HashMap::new();
         let mut held: HashMap<(usize, usize), Held> = HashMap::new();
+        // Weight gradients deferred by a `BackwardInput`, until their `BackwardWeight`.
+        let mut pending: HashMap<(usize, usize), Deferred> = HashMap::new();
         let mut backwards = vec![0; self.chunks.len()];
         let mut loss_sum = 0.0;
         for &action in &self.schedule.ranks[self.rank] {
@@ -186,42 +190,57 @@ impl Pipeline {
                     let t0 = Instant::now();
                     let input = match self.global(chunk) {
                         0 => None,
-                        _ => Some(Var::from_tensor(
-                            &received.remove(&(mb, chunk)).ok_or_else(|| missing(action))?,
-                        )?),
+                        _ => Some(received.remove(&(mb, chunk)).ok_or_else(|| missing(action))?),
                     };
-                    let (output, loss) = self.forward(model, chunk, input.as_ref(), &micro(mb)?, norm)?;
-                    loss_sum += loss;
-                    if !self.is_last(chunk) {
-                        outbox.insert((TAG_ACTIVATION, mb, chunk), output.detach());
+                    let (ids, targets, mask) = micro(mb)?;
+                    let blocks = self.chunks[chunk].clone();
+                    let (output, saved) = model.forward_saved(blocks, input.as_ref().unwrap_or(&ids))?;
+                    if self.is_last(chunk) {
+                        // The last stage's backward starts from the loss's gradient.
+                        let (loss, grad) = model.loss_and_grad(&output, &targets, &mask, norm)?;
+                        loss_sum += loss;
+                        gradients.insert((mb, chunk), grad);
+                    } else {
+                        outbox.insert((TAG_ACTIVATION, mb, chunk), output);
                     }
-                    let output = (!self.recompute).then_some(output);
-                    held.insert((mb, chunk), Held { input, output });
+                    let saved = (!self.recompute).then_some(saved);
+                    held.insert((mb, chunk), Held { input, saved });
                     stat.compute(trace, format!("F({mb},{chunk})"), t0);
                 }
-                Action::Backward { mb, chunk } => {
+                Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                     let t0 = Instant::now();
-                    let Held { input, output } = held.remove(&(mb, chunk)).ok_or_else(|| missing(action))?;
-                    let output = match output {
-                        Some(o) => o,
-                        None => self.forward(model, chunk, input.as_ref(), &micro(mb)?, norm)?.0,
-                    };
-                    let grad = match self.is_last(chunk) {
-                        true => None,
-                        false => Some(gradients.remove(&(mb, chunk)).ok_or_else(|| missing(action))?),
-                    };
+                    let Held { input, saved } = held.remove(&(mb, chunk)).ok_or_else(|| missing(action))?;
                     let blocks = self.chunks[chunk].clone();
-                    let (g, below) =
-                        model.backward_blocks(blocks.clone(), &output, grad.as_ref(), input.as_ref())?;
-                    grads.add_grads(model.params(), &g)?;
+                    let saved = match saved {
+                        Some(s) => s,
+                        None => {
+                            let ids = micro(mb)?.0;
+                            model.forward_saved(blocks.clone(), input.as_ref().unwrap_or(&ids))?.1
+                        }
+                    };
+                    let grad = gradients.remove(&(mb, chunk)).ok_or_else(|| missing(action))?;
+                    let (below, deferred) = model.backward_input(blocks, saved, &grad)?;
                     if let Some(below) = below {
                         outbox.insert((TAG_GRADIENT, mb, chunk), below);
                     }
-                    backwards[chunk] += 1;
-                    if backwards[chunk] == m {
-                        chunk_done(blocks.start, grads);
-                    }
-                    stat.compute(trace, format!("B({mb},{chunk})"), t0);
+                    let name = match action {
+                        Action::Backward { .. } => {
+                            self.weights(model, chunk, deferred, grads, &mut backwards, &mut chunk_done)?;
+                            format!("B({mb},{chunk})")
+                        }
+                        _ => {
+                            pending.insert((mb, chunk), deferred);
+                            format!("Bi({mb},{chunk})")
+                        }
+                    };
+                    stat.compute(trace, name, t0);
+                    stat.end = Instant::now();
+                }
+                Action::BackwardWeight { mb, chunk } => {
+                    let t0 = Instant::now();
+                    let deferred = pending.remove(&(mb, chunk)).ok_or_else(|| missing(action))?;
+                    self.weights(model, chunk, deferred, grads, &mut backwards, &mut chunk_done)?;
+                    stat.compute(trace, format!("W({mb},{chunk})"), t0);
                     stat.end = Instant::now();
                 }
                 Action::OptimizerStep => break,
@@ -232,25 +251,24 @@ impl Pipeline {
         Ok((loss_sum, stat))
     }
 
-    /// The forward of `chunk` on micro-batch `batch` from `input` (`None`: the token ids):
-    /// the output, or on the last stage the loss and its value.
-    fn forward(
+    /// Runs the weight half of a backward of `chunk`, adds its gradients to `grads`, and
+    /// once it was the chunk's last, tells `chunk_done`.
+    fn weights(
         &self,
         model: &Model,
         chunk: usize,
-        input: Option<&Var>,
-        batch: &(Tensor, Tensor, Tensor),
-        norm: f64,
-    ) -> Result<(Tensor, f64)> {
-        let (ids, targets, mask) = batch;
-        let x = input.map_or(ids, Var::as_tensor);
-        let out = model.forward_blocks(self.chunks[chunk].clone(), x)?;
-        if !self.is_last(chunk) {
-            return Ok((out, 0.0));
+        deferred: Deferred,
+        grads: &mut Chunks,
+        backwards: &mut [usize],
+        chunk_done: &mut impl FnMut(usize, &mut Chunks),
+    ) -> Result<()> {
+        let blocks = self.chunks[chunk].clone();
+        grads.add_grads(model.params(), &model.weight_grads(blocks.clone(), deferred)?)?;
+        backwards[chunk] += 1;
+        if backwards[chunk] == self.schedule.shape.micro_batches {
+            chunk_done(blocks.start, grads);
         }
-        let loss = model.loss(&out, targets, mask, norm)?;
-        let value = f64::from(loss.to_scalar::<f32>()?);
-        Ok((loss, value))
+        Ok(())
     }
 
     /// Sums the gradients of parameters two stages hold between them, in this rank's full

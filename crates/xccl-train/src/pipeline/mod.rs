@@ -2,8 +2,10 @@
 //! micro-batches, so that stages work at the same time.
 //!
 //! - [`schedule`]: a schedule is plain data, per pipeline rank the ordered list of its
-//!   actions (forward or backward of micro-batch `j` on chunk `c`, sends and receives of
-//!   activations and gradients, the optimiser step): GPipe, 1F1B and interleaved 1F1B.
+//!   actions (forward or backward of micro-batch `j` on chunk `c`, the backward whole or split
+//!   into its input and weight gradients, sends and receives of activations and gradients,
+//!   the optimiser step): GPipe, 1F1B, interleaved 1F1B and ZB-H1.
+//! - `zero_bubble` (private): ZB-H1's passes per rank and its closed-form bubble.
 //! - [`check`]: proves a schedule free of deadlock, its sends and receives matched, every
 //!   backward after its forward, the activations held within the schedule's bound, and its
 //!   bubble equal to the closed form (`xccl verify` runs it over every shape).
@@ -20,6 +22,7 @@ pub mod execute;
 pub mod schedule;
 pub mod stages;
 pub mod violation;
+mod zero_bubble;
 
 use std::time::Instant;
 

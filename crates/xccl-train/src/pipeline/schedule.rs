@@ -1,5 +1,6 @@
 //! Pipeline schedules as plain data: for each rank of the pipeline group, the list of its
-//! forwards, backwards, sends, receives and its optimiser step, in order.
+//! forwards, backwards (whole, or split into input and weight gradients), sends, receives and
+//! its optimiser step, in order.
 //!
 //! The model's blocks are cut into `p` ranks (pipeline stages) × `v` chunks per rank
 //! (virtual stages, Megatron-LM's interleaving): rank `r`'s local chunk `c` is global stage
@@ -23,13 +24,29 @@
 //!   `w = min(2·(p − r − 1) + (v − 1)·p, m·v)`, and with `v = 1` 1F1B's. With free
 //!   communication `p − r − 1 + (v − 1)·p` would give the same bubble; Megatron-LM's doubled
 //!   term keeps it when messages take time (one forward's time per message, `p = 4`, `m = 8`,
-//!   `v = 2`: a step of 71 forward times instead of 87, 57 without latency).
+//!   `v = 2`: a step of 71 forward times instead of 87, 57 without latency);
+//! - [`Kind::ZeroBubble`] (ZB-H1, Qi, Wan, Huang and Lin, "Zero Bubble Pipeline
+//!   Parallelism", ICLR 2024), one chunk per rank: each backward is split into `Bi`
+//!   ([`Action::BackwardInput`], the gradient of the stage's input, sent to the previous
+//!   stage at once: the critical path) and `W` ([`Action::BackwardWeight`], the gradient of
+//!   its weights, which nothing waits for). 1F1B's order with `Bi` for its backwards and
+//!   warm-up `w = min(p − r − 1, m)`; each `W` runs right after a `Bi`, oldest pending first,
+//!   but rank `r` starts them `r` steady-state pairs late: its first `r` pairs are `F Bi`,
+//!   every later pair `F Bi W`, every cool-down backward `Bi W`, and the `r` deferred `W`s
+//!   end the list. A deferred `W` fills the time 1F1B's rank waits for its next gradient: with
+//!   `T_F = T_B = T_W` the bubble is `(p − 1)·(T_F + T_B − T_W)`, a third of 1F1B's `(p −
+//!   1)·(T_F + T_B + T_W)`, when `m ≥ p` (`zero_bubble.rs` derives it, and the form for `m <
+//!   p`). A rank holds a micro-batch's activations from its `F` to its `W`: `min(p, m)` on
+//!   every rank, 1F1B's peak (its rank 0), though ranks `r > 0` hold more than their 1F1B
+//!   `p − r` (the deferral is what shortens the critical path; holding only those, the
+//!   bubble is `2·(p − 1)` forward times, two thirds of 1F1B's).
 //!
 //! Communication is inserted around the computation: a [`Action::RecvActivation`] right
 //! before every forward not on global stage 0 and a [`Action::SendActivation`] right after
 //! every forward not on the last global stage; a [`Action::RecvGradient`] right before every
-//! backward not on the last global stage and a [`Action::SendGradient`] right after every
-//! backward not on global stage 0. Sends are asynchronous, receives block; with receives
+//! backward (or input-gradient backward) not on the last global stage and a
+//! [`Action::SendGradient`] right after it, when not on global stage 0; a weight-gradient
+//! backward neither sends nor receives. Sends are asynchronous, receives block; with receives
 //! right before their compute no schedule here deadlocks ([`check`](super::check) proves it
 //! for every shape it is run on), so nothing is reordered.
 //!
@@ -58,6 +75,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::zero_bubble;
 use crate::error::{Error, Result};
 
 /// Which schedule.
@@ -69,18 +87,23 @@ pub enum Kind {
     OneFOneB,
     /// Megatron-LM's interleaved 1F1B: `v` chunks per rank, a bubble `v` times smaller.
     Interleaved,
+    /// ZB-H1 (Qi et al., ICLR 2024): 1F1B with each backward split into its input gradient
+    /// and its weight gradient, the weight gradients deferred into the bubble; a third of
+    /// 1F1B's bubble time at 1F1B's peak activation memory.
+    ZeroBubble,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 3] = [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved];
+    pub const ALL: [Kind; 4] = [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved, Kind::ZeroBubble];
 
-    /// The name on the command line: `gpipe`, `1f1b` or `interleaved`.
+    /// The name on the command line: `gpipe`, `1f1b`, `interleaved` or `zb-h1`.
     pub fn name(self) -> &'static str {
         match self {
             Kind::GPipe => "gpipe",
             Kind::OneFOneB => "1f1b",
             Kind::Interleaved => "interleaved",
+            Kind::ZeroBubble => "zb-h1",
         }
     }
 }
@@ -146,6 +169,14 @@ impl Shape {
                 "a pipeline of {p} stages × {m} micro-batches × {v} virtual stages is too large to schedule"
             )));
         }
+        if v > 1 && kind == Kind::ZeroBubble {
+            return Err(Error::config(format!(
+                "--virtual-stages {v}: the zb-h1 schedule runs one model chunk per stage (the \
+                 paper's interleaved zero-bubble schedules, ZB-V among them, are not built); use \
+                 --virtual-stages 1 with --schedule zb-h1, or --schedule interleaved for {v} \
+                 chunks per stage"
+            )));
+        }
         if v > 1 && kind != Kind::Interleaved {
             return Err(Error::config(format!(
                 "--virtual-stages {v} needs --schedule interleaved (the {kind} schedule runs one \
@@ -180,8 +211,31 @@ pub enum Action {
         /// Local chunk.
         chunk: usize,
     },
-    /// The backward of micro-batch `mb` through local chunk `chunk`.
+    /// The backward of micro-batch `mb` through local chunk `chunk`: the gradients of the
+    /// chunk's input and of its weights together (split into [`Action::BackwardInput`] and
+    /// [`Action::BackwardWeight`] by the zero-bubble schedule).
     Backward {
+        /// Micro-batch.
+        mb: usize,
+        /// Local chunk.
+        chunk: usize,
+    },
+    /// The input-gradient half of the backward of micro-batch `mb` through local chunk
+    /// `chunk` (`B` in Qi et al.): the gradient of the chunk's input only, which the previous
+    /// global stage waits for, so a [`Action::SendGradient`] follows it as it follows a
+    /// whole [`Action::Backward`]. Its weight gradient comes later, in a
+    /// [`Action::BackwardWeight`] of the same micro-batch and chunk on the same rank.
+    BackwardInput {
+        /// Micro-batch.
+        mb: usize,
+        /// Local chunk.
+        chunk: usize,
+    },
+    /// The weight-gradient half of the backward of micro-batch `mb` through local chunk
+    /// `chunk` (`W` in Qi et al.), after its [`Action::BackwardInput`]: the gradients of the
+    /// chunk's parameters. Nothing but the optimiser step waits for it, so a schedule defers
+    /// it into the bubble; the micro-batch's activations are held until it has run.
+    BackwardWeight {
         /// Micro-batch.
         mb: usize,
         /// Local chunk.
@@ -205,7 +259,8 @@ pub enum Action {
         /// The rank of the previous global stage.
         peer: usize,
     },
-    /// After `Backward(mb, chunk)`: the gradient of its input to `peer` (asynchronous send).
+    /// After `Backward(mb, chunk)` or `BackwardInput(mb, chunk)`: the gradient of its input
+    /// to `peer` (asynchronous send).
     SendGradient {
         /// Micro-batch.
         mb: usize,
@@ -214,8 +269,8 @@ pub enum Action {
         /// The rank of the previous global stage.
         peer: usize,
     },
-    /// Before `Backward(mb, chunk)`: the gradient of its output from `peer` (blocking
-    /// receive).
+    /// Before `Backward(mb, chunk)` or `BackwardInput(mb, chunk)`: the gradient of its output
+    /// from `peer` (blocking receive).
     RecvGradient {
         /// Micro-batch.
         mb: usize,
@@ -229,12 +284,15 @@ pub enum Action {
 }
 
 impl fmt::Display for Action {
-    /// `F(mb,chunk)`, `B(mb,chunk)`, `sendA(mb,chunk)>peer`, `recvA(mb,chunk)<peer`,
-    /// `sendG(mb,chunk)>peer`, `recvG(mb,chunk)<peer`, `step`.
+    /// `F(mb,chunk)`, `B(mb,chunk)`, `Bi(mb,chunk)` (input gradient), `W(mb,chunk)` (weight
+    /// gradient), `sendA(mb,chunk)>peer`, `recvA(mb,chunk)<peer`, `sendG(mb,chunk)>peer`,
+    /// `recvG(mb,chunk)<peer`, `step`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Action::Forward { mb, chunk } => write!(f, "F({mb},{chunk})"),
             Action::Backward { mb, chunk } => write!(f, "B({mb},{chunk})"),
+            Action::BackwardInput { mb, chunk } => write!(f, "Bi({mb},{chunk})"),
+            Action::BackwardWeight { mb, chunk } => write!(f, "W({mb},{chunk})"),
             Action::SendActivation { mb, chunk, peer } => write!(f, "sendA({mb},{chunk})>{peer}"),
             Action::RecvActivation { mb, chunk, peer } => write!(f, "recvA({mb},{chunk})<{peer}"),
             Action::SendGradient { mb, chunk, peer } => write!(f, "sendG({mb},{chunk})>{peer}"),
@@ -257,7 +315,8 @@ pub struct Schedule {
 
 impl Schedule {
     /// Builds `kind` for `shape`. Fails ([`Error::Config`], saying what to change) when a
-    /// size is 0; when `v > 1` with a schedule other than [`Kind::Interleaved`]; for the
+    /// size is 0; when `v > 1` with a schedule other than [`Kind::Interleaved`] (ZB-H1
+    /// included: it runs one chunk per rank); for the
     /// interleaved schedule with `v > 1`, when `p = 1` (nothing to interleave) or `m` is
     /// not a multiple of `p` (micro-batches go through the chunks in groups of `p`, as in
     /// Megatron-LM); and when the sizes overflow.
@@ -269,7 +328,8 @@ impl Schedule {
     }
 
     /// The bubble fraction in closed form, `(p − 1) / (v·m + p − 1)` (so `(p − 1) / (m + p −
-    /// 1)` for GPipe and 1F1B), as [`bubble_ratio`](Self::bubble_ratio) gives it exactly.
+    /// 1)` for GPipe and 1F1B; ZB-H1 `(p − 1) / (3·m + p − 1)` when `m ≥ p`), as
+    /// [`bubble_ratio`](Self::bubble_ratio) gives it exactly.
     pub fn closed_form_bubble(&self) -> f64 {
         let (idle, step) = self.bubble_ratio();
         idle as f64 / step as f64
@@ -279,19 +339,31 @@ impl Schedule {
     /// a rank's idle time over the step time (first forward to last backward), when a
     /// chunk's forward costs `t_f / v` and its backward `t_b / v`. Every rank computes for
     /// `m·(t_f + t_b)` and the pipeline fills and drains in `(p − 1)·(t_f + t_b) / v`: the
-    /// interleaved bubble is `v` times smaller. Meaningful for shapes [`Shape::validate`]
-    /// accepts.
+    /// interleaved bubble is `v` times smaller.
+    ///
+    /// ZB-H1, whose backward is split in two passes: with `t_f = t_b = t_w` (one unit each,
+    /// so a rank computes `3·m` units) the ratio is `(p − 1 + max(p − m, 0), 3·m + p − 1 +
+    /// max(p − m, 0))` in those units: `(p − 1)·(t_f + t_b − t_w)` idle, a third of 1F1B's
+    /// `(p − 1)·(t_f + t_b + t_w)`, when `m ≥ p`; with fewer micro-batches than stages, rank
+    /// 0 cannot start its first weight gradient before its first input gradient, `2·p − 1`
+    /// units in, and then has `2·m` units of backwards left (`zero_bubble.rs`). Meaningful
+    /// for shapes [`Shape::validate`] accepts.
     pub fn bubble_ratio(&self) -> (usize, usize) {
         let Shape { stages: p, micro_batches: m, virtual_stages: v } = self.shape;
-        (p.saturating_sub(1), (m.saturating_mul(v)).saturating_add(p.saturating_sub(1)))
+        match self.kind {
+            Kind::ZeroBubble => zero_bubble::bubble_ratio(p, m),
+            _ => (p.saturating_sub(1), (m.saturating_mul(v)).saturating_add(p.saturating_sub(1))),
+        }
     }
 
     /// The most forward activations, counted in (micro-batch, chunk) pairs whose forward
-    /// is done and backward is not, a rank may hold at once (the maximum is on rank 0):
-    /// GPipe `m`; 1F1B `min(p, m)` (warm-up `p − 1` plus the steady state's one); interleaved
-    /// with `v > 1` Megatron-LM's warm-up of rank 0 plus one, capped by every pair:
-    /// `min(2·(p − 1) + (v − 1)·p + 1, m·v)`, and with `v = 1` 1F1B's. Meaningful for shapes
-    /// [`Shape::validate`] accepts.
+    /// is done and backward is not (for a split backward: whose weight-gradient pass is
+    /// not), a rank may hold at once (the maximum is on rank 0): GPipe `m`; 1F1B `min(p, m)`
+    /// (warm-up `p − 1` plus the steady state's one); interleaved with `v > 1` Megatron-LM's
+    /// warm-up of rank 0 plus one, capped by every pair: `min(2·(p − 1) + (v − 1)·p + 1,
+    /// m·v)`, and with `v = 1` 1F1B's; ZB-H1 1F1B's `min(p, m)`, on every rank (rank `r`'s
+    /// warm-up `p − r − 1`, plus one, plus its `r` deferred weight gradients). Meaningful for
+    /// shapes [`Shape::validate`] accepts.
     pub fn activation_bound(&self) -> usize {
         let Shape { stages: p, micro_batches: m, virtual_stages: v } = self.shape;
         match self.kind {
@@ -300,16 +372,19 @@ impl Schedule {
                 let warm_up = p.saturating_sub(1).saturating_mul(2).saturating_add((v - 1).saturating_mul(p));
                 warm_up.saturating_add(1).min(m.saturating_mul(v))
             }
-            Kind::OneFOneB | Kind::Interleaved => p.min(m),
+            Kind::OneFOneB | Kind::Interleaved | Kind::ZeroBubble => p.min(m),
         }
     }
 }
 
-/// A forward or a backward of `(micro-batch, chunk)`.
-#[derive(Clone, Copy)]
-enum Pass {
+/// A computation of `(micro-batch, chunk)`: a forward, a whole backward, or one of a split
+/// backward's two passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
     Forward(usize, usize),
     Backward(usize, usize),
+    BackwardInput(usize, usize),
+    BackwardWeight(usize, usize),
 }
 
 /// Rank `rank`'s forwards and backwards in order (see the module documentation).
@@ -321,6 +396,7 @@ fn compute(kind: Kind, shape: Shape, rank: usize) -> Vec<Pass> {
         Kind::GPipe => total,
         Kind::Interleaved if v > 1 => 2 * later + (v - 1) * p,
         Kind::OneFOneB | Kind::Interleaved => later,
+        Kind::ZeroBubble => return zero_bubble::passes(shape, rank),
     }
     .min(total);
     // Virtual micro-batch `k`: micro-batch and chunk-in-order (forward order of chunks).
@@ -363,16 +439,20 @@ fn communicate(shape: Shape, rank: usize, compute: &[Pass]) -> Vec<Action> {
                     out.push(Action::SendActivation { mb, chunk, peer: shape.locate(g + 1).0 });
                 }
             }
-            Pass::Backward(mb, chunk) => {
+            Pass::Backward(mb, chunk) | Pass::BackwardInput(mb, chunk) => {
                 let g = shape.global_stage(rank, chunk);
                 if g < last {
                     out.push(Action::RecvGradient { mb, chunk, peer: shape.locate(g + 1).0 });
                 }
-                out.push(Action::Backward { mb, chunk });
+                out.push(match pass {
+                    Pass::Backward(..) => Action::Backward { mb, chunk },
+                    _ => Action::BackwardInput { mb, chunk },
+                });
                 if g > 0 {
                     out.push(Action::SendGradient { mb, chunk, peer: shape.locate(g - 1).0 });
                 }
             }
+            Pass::BackwardWeight(mb, chunk) => out.push(Action::BackwardWeight { mb, chunk }),
         }
     }
     out.push(Action::OptimizerStep);
@@ -420,7 +500,9 @@ mod tests {
         }
         assert_eq!("1F1B".parse::<Kind>(), Ok(Kind::OneFOneB));
         let err = "zb".parse::<Kind>().unwrap_err();
-        assert!(err.contains("'zb'") && err.contains("gpipe, 1f1b, interleaved"), "{err}");
+        assert!(err.contains("'zb'") && err.contains("gpipe, 1f1b, interleaved, zb-h1"), "{err}");
+        assert_eq!("ZB-H1".parse::<Kind>(), Ok(Kind::ZeroBubble));
+        assert_eq!(Kind::ZeroBubble.to_string(), "zb-h1");
     }
 
     #[test]
@@ -525,6 +607,12 @@ mod tests {
         );
         assert!(refused(Kind::GPipe, shape(2, 4, 3)).contains("--schedule interleaved"));
         assert!(refused(Kind::Interleaved, shape(1, 4, 2)).contains("at least 2 pipeline stages"));
+        let msg = refused(Kind::ZeroBubble, shape(4, 8, 2));
+        assert!(
+            msg.contains("zb-h1 schedule runs one model chunk per stage")
+                && msg.contains("use --virtual-stages 1 with --schedule zb-h1"),
+            "{msg}"
+        );
         let msg = refused(Kind::Interleaved, shape(4, 6, 2));
         assert!(msg.contains("--micro-batches 6 must be a multiple of --pp 4, e.g. 8"), "{msg}");
         assert!(refused(Kind::GPipe, shape(usize::MAX / 2, 3, 1)).contains("too large"));
@@ -544,5 +632,24 @@ mod tests {
         // Rank 0's warm-up 2·3 + 1·4 = 10, plus one; capped by the 16 pairs.
         assert_eq!(s(Kind::Interleaved, 4, 8, 2).activation_bound(), 11);
         assert_eq!(s(Kind::Interleaved, 4, 4, 2).activation_bound(), 8);
+        // ZB-H1: (p − 1)·(t_f + t_b − t_w) idle in 3·m + p − 1, p − m more when m < p.
+        assert_eq!(s(Kind::ZeroBubble, 4, 8, 1).bubble_ratio(), (3, 27));
+        assert_eq!(s(Kind::ZeroBubble, 4, 4, 1).bubble_ratio(), (3, 15));
+        assert_eq!(s(Kind::ZeroBubble, 4, 2, 1).bubble_ratio(), (5, 11));
+        assert_eq!(s(Kind::ZeroBubble, 1, 5, 1).bubble_ratio(), (0, 15));
+        assert_eq!(s(Kind::ZeroBubble, 4, 8, 1).activation_bound(), 4);
+        assert_eq!(s(Kind::ZeroBubble, 4, 3, 1).activation_bound(), 3);
+    }
+
+    #[test]
+    fn split_backwards_print_and_communicate_like_backwards() {
+        assert_eq!(Action::BackwardInput { mb: 3, chunk: 1 }.to_string(), "Bi(3,1)");
+        assert_eq!(Action::BackwardWeight { mb: 3, chunk: 1 }.to_string(), "W(3,1)");
+        // p = 2, m = 1: rank 0 F, then Bi after its gradient, then W; rank 1 F, Bi (its
+        // gradient sent at once), W.
+        let s = Schedule::new(Kind::ZeroBubble, shape(2, 1, 1)).unwrap();
+        let (bi, w) = (Action::BackwardInput { mb: 0, chunk: 0 }, Action::BackwardWeight { mb: 0, chunk: 0 });
+        assert_eq!(s.ranks[0], [f(0, 0), send_a(0, 1), recv_g(0, 1), bi, w, STEP]);
+        assert_eq!(s.ranks[1], [recv_a(0, 0), f(0, 0), bi, send_g(0, 0), w, STEP]);
     }
 }

@@ -9,11 +9,14 @@ use std::fmt;
 use super::schedule::Action;
 
 /// What a schedule does, once [`check`](super::check::check)ed.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Report {
     /// The most activations a rank held at once (the largest over ranks).
     pub max_activations: usize,
-    /// [`Schedule::activation_bound`].
+    /// Per rank, the most activations it held at once (a micro-batch's from its forward to
+    /// its backward, or, split, to its weight-gradient backward).
+    pub rank_activations: Vec<usize>,
+    /// [`Schedule::activation_bound`](crate::pipeline::schedule::Schedule::activation_bound).
     pub activation_bound: usize,
     /// The simulated step time, in units of a chunk's forward.
     pub makespan: u64,
@@ -21,7 +24,7 @@ pub struct Report {
     pub busy: u64,
     /// The simulated bubble fraction, `1 − busy / makespan`.
     pub simulated_bubble: f64,
-    /// [`Schedule::closed_form_bubble`].
+    /// [`Schedule::closed_form_bubble`](crate::pipeline::schedule::Schedule::closed_form_bubble).
     pub closed_form_bubble: f64,
 }
 
@@ -60,8 +63,10 @@ impl fmt::Display for Message {
 pub enum Need {
     /// The forward of its micro-batch and chunk.
     Forward,
-    /// The backward of its micro-batch and chunk.
+    /// The backward of its micro-batch and chunk (whole, or its input-gradient half).
     Backward,
+    /// The input-gradient backward of its micro-batch and chunk (for a weight-gradient one).
+    InputGradient,
     /// The receive of its forward's input activation.
     Activation,
     /// The receive of its backward's output gradient.
@@ -112,6 +117,9 @@ impl fmt::Display for Fault {
             Fault::Early(need) => f.write_str(match need {
                 Need::Forward => "it comes before the forward of its micro-batch and chunk",
                 Need::Backward => "it comes before the backward of its micro-batch and chunk",
+                Need::InputGradient => {
+                    "it comes before the input-gradient backward of its micro-batch and chunk"
+                }
                 Need::Activation => "it comes before the receive of its input activation",
                 Need::Gradient => "it comes before the receive of its output gradient",
             }),
@@ -137,7 +145,7 @@ pub struct Blocked {
 /// Why a schedule is wrong: which rank, which action, what.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Violation {
-    /// The shape is one [`Schedule::new`] rejects, or there is not one list per rank.
+    /// The shape is one [`Schedule::new`](crate::pipeline::schedule::Schedule::new) rejects, or there is not one list per rank.
     Shape(String),
     /// Action `index` of `rank`'s list is wrong where it stands.
     Action {
@@ -163,7 +171,8 @@ pub enum Violation {
         /// The ranks not done, each at the receive it waits at.
         blocked: Vec<Blocked>,
     },
-    /// A forward makes `rank` hold more activations than the schedule's bound.
+    /// A forward makes `rank` hold more activations (forwards whose backward, or split,
+    /// weight-gradient backward, has not run) than the schedule's bound.
     Memory {
         /// The rank.
         rank: usize,
@@ -171,7 +180,7 @@ pub enum Violation {
         index: usize,
         /// Activations held after it.
         held: usize,
-        /// [`Schedule::activation_bound`].
+        /// [`Schedule::activation_bound`](crate::pipeline::schedule::Schedule::activation_bound).
         bound: usize,
     },
     /// The simulated bubble differs from the closed form.
@@ -180,7 +189,7 @@ pub enum Violation {
         makespan: u64,
         /// Each rank's computing time.
         busy: u64,
-        /// [`Schedule::bubble_ratio`].
+        /// [`Schedule::bubble_ratio`](crate::pipeline::schedule::Schedule::bubble_ratio).
         closed_form: (usize, usize),
     },
 }

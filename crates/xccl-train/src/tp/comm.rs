@@ -8,20 +8,20 @@
 //! | [`scatter_seq`] | reduce-scatter along the sequence | all-gather along it |
 //! | [`gather_last`] | all-gather along the last dimension | this rank's slice |
 //!
-//! Each is one [`TpOp`]: a collective for the forward and the one its backward runs. The
+//! Each is one `TpOp`: a collective for the forward and the one its backward runs. The
 //! sequence is dimension 1 of `[rows, len, ...]` tensors; rank `r` holds positions
 //! `r·len/tp .. (r+1)·len/tp` of every row, so a gather lays the ranks' pieces side by
 //! side in each row. With a group of one every function returns its input.
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
-use xccl::{Communicator, ReduceOp};
+use xccl::{Communicator, ReduceOp, Work};
 
 use super::Tp;
 use crate::layers::ops::values;
 
 /// What one direction of a [`TpOp`] does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Collective {
+pub(crate) enum Collective {
     /// A copy.
     Identity,
     /// Sum over the group.
@@ -146,6 +146,56 @@ impl CustomOp1 for TpOp {
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let back = TpOp { comm: self.comm.clone(), fwd: self.bwd, bwd: self.fwd };
         Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
+    }
+}
+
+/// Runs `how` on `x` over the group, without an autograd graph (the layers' explicit
+/// forward and backward); with a group of one, `x` itself.
+pub(crate) fn run(tp: &Tp, x: &Tensor, how: Collective) -> candle_core::Result<Tensor> {
+    match tp.comm() {
+        None => Ok(x.clone()),
+        Some(comm) => {
+            let op = TpOp { comm: comm.clone(), fwd: how, bwd: how };
+            x.contiguous()?.apply_op1_no_bwd(&op)
+        }
+    }
+}
+
+/// An all-gather along the sequence in flight ([`gather_seq_start`]).
+pub(crate) enum PendingGather {
+    /// A group of one: the tensor itself.
+    Done(Tensor),
+    /// The collective, and the `[b, s, inner]` sizes of each rank's piece.
+    Flight { work: Work<(Vec<f32>, Vec<f32>)>, dims: Vec<usize>, parts: usize },
+}
+
+/// Starts an all-gather of `x` `[b, s, ..]` along the sequence, to overlap with a
+/// computation; [`PendingGather::wait`] gives the `[b, parts·s, ..]` result.
+pub(crate) fn gather_seq_start(tp: &Tp, x: &Tensor) -> candle_core::Result<PendingGather> {
+    let Some(comm) = tp.comm() else { return Ok(PendingGather::Done(x.clone())) };
+    let values = x.flatten_all()?.to_vec1::<f32>()?;
+    let parts = comm.size();
+    let out = vec![0.0f32; values.len() * parts];
+    let work = comm.all_gather_async(values, out);
+    Ok(PendingGather::Flight { work, dims: x.dims().to_vec(), parts })
+}
+
+impl PendingGather {
+    /// Waits for the gather: the whole sequence.
+    pub(crate) fn wait(self) -> candle_core::Result<Tensor> {
+        match self {
+            PendingGather::Done(t) => Ok(t),
+            PendingGather::Flight { work, mut dims, parts } => {
+                let (_, all) = work.wait().map_err(comm_err)?;
+                let (b, s) = match dims[..] {
+                    [b, s, ..] => (b, s),
+                    _ => candle_core::bail!("a sequence gather of a tensor of shape {dims:?}"),
+                };
+                let inner = dims[2..].iter().product();
+                dims[1] = parts * s;
+                Tensor::from_vec(regroup(&all, b, parts, s, inner, false), dims, &candle_core::Device::Cpu)
+            }
+        }
     }
 }
 

@@ -4,9 +4,11 @@
 
 use candle_core::{Device, Tensor};
 
-use super::{Tp, comm};
+use super::Tp;
+use super::comm::{self, Collective};
 use crate::error::Result;
-use crate::layers::{Init, Linear};
+use crate::layers::grads::Deferred;
+use crate::layers::{Init, Linear, ops};
 use crate::params::Param;
 
 /// `y = x Wᵀ + b` with `W` (`[outputs, inputs]`) split by output rows: each rank computes
@@ -69,6 +71,35 @@ impl ColumnParallelLinear {
         let y = candle_core::Module::forward(&self.linear, &x)?;
         if self.gather_output { comm::gather_last(&self.tp, &y) } else { Ok(y) }
     }
+
+    /// [`forward`](Self::forward) without an autograd graph. Its backward needs the input
+    /// `x` as given here: with sequence parallelism only this rank's positions, which the
+    /// backward gathers again (Megatron-LM's saving), not the gathered whole.
+    pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if self.gather_output {
+            candle_core::bail!("a column-parallel layer with a gathered output has no explicit backward");
+        }
+        let x = if self.tp.sp() { comm::run(&self.tp, x, Collective::GatherSeq)? } else { x.clone() };
+        self.linear.apply(&x)
+    }
+
+    /// The gradient of the input `x` (as [`apply`](Self::apply) got it) from that of this
+    /// rank's output features `gy`: `gy·W`, summed over the group (with sequence
+    /// parallelism reduce-scattered along the sequence). The weight's and bias's gradients
+    /// go onto `deferred`. With sequence parallelism they need `x` gathered again: the
+    /// gather starts here and runs while `gy·W` is computed (Megatron-LM's overlap).
+    pub fn backward_input(
+        &self,
+        x: Tensor,
+        gy: &Tensor,
+        deferred: &mut Deferred,
+    ) -> candle_core::Result<Tensor> {
+        let pending =
+            if self.tp.sp() { comm::gather_seq_start(&self.tp, &x)? } else { comm::PendingGather::Done(x) };
+        let gx = self.linear.backward_input(gy, move || pending.wait(), deferred)?;
+        let how = if self.tp.sp() { Collective::ReduceScatterSeq } else { Collective::AllReduce };
+        comm::run(&self.tp, &gx, how)
+    }
 }
 
 /// `y = x Wᵀ + b` with `W` (`[outputs, inputs]`) split by input columns: each rank holds
@@ -113,6 +144,28 @@ impl RowParallelLinear {
         };
         crate::layers::ops::bias_add(&y, &self.bias.tensor())
     }
+
+    /// [`forward`](Self::forward) without an autograd graph; its backward needs `x`.
+    pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let how = if self.tp.sp() { Collective::ReduceScatterSeq } else { Collective::AllReduce };
+        let y = comm::run(&self.tp, &self.linear.apply(x)?, how)?;
+        ops::bias_add(&y, &self.bias.tensor().detach())
+    }
+
+    /// The gradient of the input `x` (as [`apply`](Self::apply) got it) from that of the
+    /// output `gy` (with sequence parallelism this rank's positions, gathered first); the
+    /// weight's and bias's gradients go onto `deferred`.
+    pub fn backward_input(
+        &self,
+        x: Tensor,
+        gy: &Tensor,
+        deferred: &mut Deferred,
+    ) -> candle_core::Result<Tensor> {
+        let (bias, g) = (self.bias.clone(), gy.clone());
+        deferred.push(move || Ok(vec![(bias, ops::column_sum(&g)?)]));
+        let gy = if self.tp.sp() { comm::run(&self.tp, gy, Collective::GatherSeq)? } else { gy.clone() };
+        self.linear.backward_input(&gy, move || Ok(x), deferred)
+    }
 }
 
 /// A token embedding split by vocabulary: each rank holds a contiguous range of the
@@ -153,8 +206,42 @@ impl VocabParallelEmbedding {
     /// Embeddings of `ids` (`[rows, len]`, u32): `[rows, len, width]` on every rank, or with
     /// sequence parallelism this rank's `[rows, len / tp, width]`.
     pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        self.lookup(&self.table.tensor(), ids)
+    }
+
+    /// [`forward`](Self::forward) without an autograd graph.
+    pub fn apply(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        self.lookup(&self.table.tensor().detach(), ids)
+    }
+
+    /// Defers the table's gradient for `ids` (as [`apply`](Self::apply) got them) from that
+    /// of the output `gy` (with sequence parallelism this rank's positions, gathered
+    /// first): each id's row of the gradient added to its row of the table, for the ids of
+    /// this rank's range.
+    pub fn backward(&self, ids: Tensor, gy: &Tensor, deferred: &mut Deferred) -> candle_core::Result<()> {
+        let gy = if self.tp.sp() { comm::run(&self.tp, gy, Collective::GatherSeq)? } else { gy.clone() };
+        let (table, start) = (self.table.clone(), self.start);
+        deferred.push(move || {
+            let (rows, width) = (table.shape()[0], table.shape()[1]);
+            let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+            let g = gy.flatten_all()?.to_vec1::<f32>()?;
+            if g.len() != ids.len() * width {
+                candle_core::bail!("embedding: {} ids for a gradient {:?}", ids.len(), gy.dims());
+            }
+            let mut out = vec![0.0f32; rows * width];
+            for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
+                let Some(local) = (id as usize).checked_sub(start).filter(|&l| l < rows) else { continue };
+                for (o, &v) in out[local * width..(local + 1) * width].iter_mut().zip(row) {
+                    *o += v;
+                }
+            }
+            Ok(vec![(table, Tensor::from_vec(out, (rows, width), &Device::Cpu)?)])
+        });
+        Ok(())
+    }
+
+    fn lookup(&self, table: &Tensor, ids: &Tensor) -> candle_core::Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let table = self.table.tensor();
         let (rows, width) = table.dims2()?;
         if self.tp.size() == 1 {
             return table.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, width));
@@ -172,6 +259,7 @@ impl VocabParallelEmbedding {
         let local = Tensor::from_vec(local, ids.len(), &Device::Cpu)?;
         let keep = Tensor::from_vec(keep, (ids.len(), 1), &Device::Cpu)?;
         let partial = table.index_select(&local, 0)?.broadcast_mul(&keep)?.reshape((b, t, width))?;
+        // On an untracked table (`apply`) these build no graph either.
         if self.tp.sp() {
             comm::scatter_seq(&self.tp, &partial)
         } else {

@@ -17,11 +17,12 @@
 //!    counts) while earlier blocks are still in backward, as DDP overlaps its all-reduce.
 //!    Stages 2 and 3 do so after *every* micro-batch and free the block's full gradient:
 //!    each rank accumulates only its slice. Stage 3 also gathers each block's parameters
-//!    (`all_gather_v`) just before it runs and frees them after ([`gather::Gatherer`]),
-//!    prefetching the next block's; the blocks' forwards run again in backward
-//!    ([`Graph::Recompute`](crate::model::Graph::Recompute)), because candle's autograd keeps
-//!    a graph's weights alive until its backward and so would hold every block's
-//!    parameters between forward and backward.
+//!    (`all_gather_v`) just before it runs and frees them after (`gather::Gatherer`),
+//!    prefetching the next block's: after its forward, and again after its backward. What
+//!    a block keeps between the two ([`Block::forward_saved`](crate::model::Block::forward_saved))
+//!    holds no parameter, so its forward need not run again (as PyTorch's FSDP2 frees
+//!    parameters by resizing their storage under autograd); recomputation
+//!    ([`Graph::Recompute`](crate::model::Graph::Recompute)) stays an option for memory.
 //! 2. The optimiser steps this rank's slices only.
 //! 3. Stages 1 and 2 all-gather each block's updated slices into the full parameters;
 //!    stage 3 keeps its updated shard for the next step's gathers.
@@ -77,6 +78,8 @@ pub(crate) struct Zero<'a> {
     dp: &'a Communicator,
     model: &'a Model,
     stage: u8,
+    /// Stage 3 runs each block's forward again before its backward.
+    recompute: bool,
     layout: ShardLayout,
     optimizer: Optimizer,
     /// Stage 3: this rank's slices of the parameters (empty otherwise).
@@ -115,6 +118,7 @@ impl<'a> Zero<'a> {
             dp,
             model,
             stage: config.stage,
+            recompute: stage3 && config.recompute,
             layout,
             optimizer,
             shard_params,
@@ -141,6 +145,10 @@ impl Strategy for Zero<'_> {
 
     fn releases_params(&self) -> bool {
         self.gatherer.is_some()
+    }
+
+    fn recomputes(&self) -> bool {
+        self.recompute
     }
 
     fn before_block(&mut self, k: usize, next: Option<usize>) -> Result<()> {

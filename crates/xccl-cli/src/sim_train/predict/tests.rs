@@ -100,6 +100,42 @@ fn gpipe_and_1f1b_bubble_is_the_closed_form_with_equal_stages_and_free_messages(
 }
 
 #[test]
+fn zb_h1_splits_the_backward_evenly_and_leaves_a_third_of_the_bubble() {
+    let (topo, costs) = free();
+    let net = Net { topo: &topo, costs: &costs };
+    // A block's backward (2 ms) is costed as two 1 ms halves: with a forward of 1 ms, a
+    // stage's F, Bi and W take the same time, and ZB-H1's step is 3·m + p − 1 of them
+    // (2·m + 2·p − 1 when m < p), 1F1B's 3·(m + p − 1).
+    for (p, m, layers) in [(2, 4, 4), (4, 8, 6), (4, 4, 6), (2, 1, 2)] {
+        let per = (layers + 2) / p;
+        let balance = vec![per.to_string(); p].join(",");
+        let (ps, ms, ls) = (p.to_string(), m.to_string(), layers.to_string());
+        let flags = |schedule| {
+            let f = ["--layers", &ls, "--dp", "1", "--pp", &ps, "--micro-batches", &ms, "--batch", &ms];
+            let mut f = f.map(String::from).to_vec();
+            f.extend(["--schedule", schedule, "--pp-balance", &balance].map(String::from));
+            f
+        };
+        let prof = profile(layers + 2, 1e-3, 2e-3, 100);
+        let layout = Layout { dp: 1, pp: p, tp: 1, ranks_per_host: 1 };
+        let run = |schedule| {
+            let f = flags(schedule);
+            let f: Vec<&str> = f.iter().map(String::as_str).collect();
+            predict(&config(&f), &prof, layout, &net, 1.0).unwrap()
+        };
+        let (zb, one) = (run("zb-h1"), run("1f1b"));
+        let unit = per as f64 * 1e-3;
+        let expect = (3 * m + p - 1 + p.saturating_sub(m)) as f64 * unit;
+        assert!(close(zb.step, expect, 1e-6), "p={p} m={m}: {} vs {expect}", zb.step);
+        assert!(close(zb.compute, 3.0 * m as f64 * unit, 1e-6), "p={p} m={m}: {}", zb.compute);
+        assert!(close(one.step, 3.0 * (m + p - 1) as f64 * unit, 1e-6));
+        if m >= p {
+            assert!(close(3.0 * zb.bubble, one.bubble, 1e-6), "p={p} m={m}: {} {}", zb.bubble, one.bubble);
+        }
+    }
+}
+
+#[test]
 fn ddp_overlaps_buckets_with_backward_and_one_bucket_does_not() {
     // Two ranks on two hosts of a star: 1 GB/s links, nothing else costs.
     let topo = Topology::star(2, 1e9, 0.0);
