@@ -157,9 +157,23 @@ impl Linear {
 }
 
 impl Linear {
-    /// The output for `x` without an autograd graph; its backward needs `x`.
+    /// The output for `x` without an autograd graph; its backward needs `x`. Computed as
+    /// `x · Wᵀ`, the output row-major as it comes out of the product (the weight enters
+    /// transposed, which the product reads in place).
     pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        product(&self.weight.tensor().detach(), self.bias.as_ref().map(|b| b.tensor().detach()).as_ref(), x)
+        let weight = self.weight.tensor().detach();
+        let (outputs, inputs) = weight.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / inputs.max(1);
+        let y = x.contiguous()?.reshape((rows, inputs))?.matmul(&weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => ops::bias_add(&y, &b.tensor().detach())?,
+            None => y,
+        };
+        if let Some(last) = dims.last_mut() {
+            *last = outputs;
+        }
+        y.reshape(dims)
     }
 
     /// The gradient of the input from the output's gradient `gy`; the weight's and bias's
@@ -206,10 +220,10 @@ fn product(weight: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> candle_core::R
     let (outputs, inputs) = weight.dims2()?;
     let mut dims = x.dims().to_vec();
     let rows = x.elem_count() / inputs.max(1);
-    // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so backward
-    // produces its gradient `[outputs, inputs]` contiguous in one matrix product, where
-    // a transposed weight would cost a zeroed buffer and a strided (transposing) add of
-    // the weight's size per backward (candle accumulates every node's gradient).
+    // (W · xᵀ)ᵀ rather than x · Wᵀ: the weight enters the product as it is, so candle's
+    // backward produces its gradient `[outputs, inputs]` contiguous in one matrix product,
+    // where a transposed weight would cost a zeroed buffer and a strided (transposing) add
+    // of the weight's size per backward (candle accumulates every node's gradient).
     let y = weight.matmul(&x.reshape((rows, inputs))?.t()?)?.t()?;
     let y = match bias {
         Some(b) => ops::bias_add(&y, b)?,

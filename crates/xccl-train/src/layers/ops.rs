@@ -275,8 +275,11 @@ impl CustomOp2 for BiasAdd {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, b) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         let c = row_len(self.name(), l1, Some(b.len()))?;
-        let y = x.chunks_exact(c).flat_map(|row| row.iter().zip(b).map(|(&v, &b)| v + b));
-        Ok(f32s(y.collect(), l1.shape()))
+        let mut y = Vec::with_capacity(x.len());
+        for row in x.chunks_exact(c) {
+            y.extend(row.iter().zip(b).map(|(&v, &b)| v + b));
+        }
+        Ok(f32s(y, l1.shape()))
     }
 
     fn bwd(

@@ -340,7 +340,7 @@ impl Model {
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
         let mut x = ids.clone();
         for b in &self.blocks {
-            x = b.forward(&x)?.detach();
+            x = b.forward_saved(&x)?.0;
         }
         Ok(tp::comm::gather_last(&self.tp, &x)?.narrow(D::Minus1, 0, self.config.vocab)?)
     }
