@@ -10,6 +10,7 @@
 
 pub mod grads;
 pub mod ops;
+pub mod par;
 
 use candle_core::{Device, Module, Tensor, Var};
 use rand::SeedableRng;

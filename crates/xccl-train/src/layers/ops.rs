@@ -7,9 +7,11 @@
 //! (bias and layer-norm weights: candle sums over leading dimensions with a division per
 //! element) at over 60% of the step. Here each forward is one pass over the data, and each
 //! backward one pass per gradient; rows are the last dimension, everything before it is
-//! flattened.
+//! flattened. Each runs on the rank's threads ([`par`]).
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+
+use super::par;
 
 /// √(2/π).
 const K0: f32 = 0.797_884_6;
@@ -101,8 +103,9 @@ impl CustomOp1 for Gelu {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let y = values(self.name(), s, l)?.iter().map(|&x| x * half_one_plus_tanh(x));
-        Ok(f32s(y.collect(), l.shape()))
+        let x = values(self.name(), s, l)?;
+        let y = par::rows(x.len(), 1, |r, out| out.extend(x[r].iter().map(|&x| x * half_one_plus_tanh(x))));
+        Ok(f32s(y, l.shape()))
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -128,11 +131,13 @@ impl CustomOp2 for GeluGrad {
         let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         same_len(self.name(), x, g)?;
         // d/dx x·s(x) = s + x·s' with s = (1 + tanh u)/2, s' = 2·s·(1 - s)·du/dx.
-        let out = x.iter().zip(g).map(|(&x, &g)| {
-            let s = half_one_plus_tanh(x);
-            g * (s + 2.0 * x * s * (1.0 - s) * K0 * (1.0 + 3.0 * K1 * x * x))
+        let out = par::rows(x.len(), 1, |r, out| {
+            out.extend(x[r.clone()].iter().zip(&g[r]).map(|(&x, &g)| {
+                let s = half_one_plus_tanh(x);
+                g * (s + 2.0 * x * s * (1.0 - s) * K0 * (1.0 + 3.0 * K1 * x * x))
+            }))
         });
-        Ok(f32s(out.collect(), l1.shape()))
+        Ok(f32s(out, l1.shape()))
     }
 }
 
@@ -164,11 +169,12 @@ impl CustomOp3 for LayerNorm {
             (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?, values(self.name(), s3, l3)?);
         let c = row_len(self.name(), l1, Some(w.len()))?;
         row_len(self.name(), l1, Some(b.len()))?;
-        let mut y = Vec::with_capacity(x.len());
-        for row in x.chunks_exact(c) {
-            let (mean, rstd) = moments(row);
-            y.extend(row.iter().zip(w).zip(b).map(|((&v, &w), &b)| (v - mean) * rstd * w + b));
-        }
+        let y = par::rows(x.len() / c, c, |r, y| {
+            for row in x[r.start * c..r.end * c].chunks_exact(c) {
+                let (mean, rstd) = moments(row);
+                y.extend(row.iter().zip(w).zip(b).map(|((&v, &w), &b)| (v - mean) * rstd * w + b));
+            }
+        });
         Ok(f32s(y, l1.shape()))
     }
 
@@ -207,23 +213,25 @@ impl CustomOp3 for LayerNormGradInput {
             (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?, values(self.name(), s3, l3)?);
         let c = row_len(self.name(), l1, Some(w.len()))?;
         same_len(self.name(), x, g)?;
-        let mut dx = Vec::with_capacity(x.len());
-        for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
-            let (mean, rstd) = moments(row);
-            let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
-            for ((&v, &g), &w) in row.iter().zip(grow).zip(w) {
-                sum_g += g * w;
-                sum_gx += g * w * (v - mean) * rstd;
+        let dx = par::rows(x.len() / c, c, |r, dx| {
+            let span = r.start * c..r.end * c;
+            for (row, grow) in x[span.clone()].chunks_exact(c).zip(g[span].chunks_exact(c)) {
+                let (mean, rstd) = moments(row);
+                let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+                for ((&v, &g), &w) in row.iter().zip(grow).zip(w) {
+                    sum_g += g * w;
+                    sum_gx += g * w * (v - mean) * rstd;
+                }
+                let n = c as f32;
+                let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+                dx.extend(
+                    row.iter()
+                        .zip(grow)
+                        .zip(w)
+                        .map(|((&v, &g), &w)| rstd * (g * w - mean_g - (v - mean) * rstd * mean_gx)),
+                );
             }
-            let n = c as f32;
-            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
-            dx.extend(
-                row.iter()
-                    .zip(grow)
-                    .zip(w)
-                    .map(|((&v, &g), &w)| rstd * (g * w - mean_g - (v - mean) * rstd * mean_gx)),
-            );
-        }
+        });
         Ok(f32s(dx, l1.shape()))
     }
 }
@@ -246,15 +254,17 @@ impl CustomOp2 for LayerNormGradParams {
         let (x, g) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         let c = row_len(self.name(), l1, None)?;
         same_len(self.name(), x, g)?;
-        let mut out = vec![0.0f32; 2 * c];
-        let (gw, gb) = out.split_at_mut(c);
-        for (row, grow) in x.chunks_exact(c).zip(g.chunks_exact(c)) {
-            let (mean, rstd) = moments(row);
-            for (((gw, gb), &v), &g) in gw.iter_mut().zip(gb.iter_mut()).zip(row).zip(grow) {
-                *gw += g * (v - mean) * rstd;
-                *gb += g;
+        let out = par::sum_rows(x.len() / c, c, 2 * c, |r, acc| {
+            let (gw, gb) = acc.split_at_mut(c);
+            let span = r.start * c..r.end * c;
+            for (row, grow) in x[span.clone()].chunks_exact(c).zip(g[span].chunks_exact(c)) {
+                let (mean, rstd) = moments(row);
+                for (((gw, gb), &v), &g) in gw.iter_mut().zip(gb.iter_mut()).zip(row).zip(grow) {
+                    *gw += g * (v - mean) * rstd;
+                    *gb += g;
+                }
             }
-        }
+        });
         Ok(f32s(out, &Shape::from((2, c))))
     }
 }
@@ -275,10 +285,11 @@ impl CustomOp2 for BiasAdd {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (x, b) = (values(self.name(), s1, l1)?, values(self.name(), s2, l2)?);
         let c = row_len(self.name(), l1, Some(b.len()))?;
-        let mut y = Vec::with_capacity(x.len());
-        for row in x.chunks_exact(c) {
-            y.extend(row.iter().zip(b).map(|(&v, &b)| v + b));
-        }
+        let y = par::rows(x.len() / c, c, |r, y| {
+            for row in x[r.start * c..r.end * c].chunks_exact(c) {
+                y.extend(row.iter().zip(b).map(|(&v, &b)| v + b));
+            }
+        });
         Ok(f32s(y, l1.shape()))
     }
 
@@ -304,12 +315,11 @@ impl CustomOp1 for ColumnSum {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let g = values(self.name(), s, l)?;
         let c = row_len(self.name(), l, None)?;
-        let mut out = vec![0.0f32; c];
-        for row in g.chunks_exact(c) {
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o += v;
+        let out = par::sum_rows(g.len() / c, c, c, |r, acc| {
+            for row in g[r.start * c..r.end * c].chunks_exact(c) {
+                acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v);
             }
-        }
+        });
         Ok(f32s(out, &Shape::from(c)))
     }
 }

@@ -9,6 +9,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
 use crate::layers::ops::{same_len, values};
+use crate::layers::par;
 
 /// `softmax(scale · scores)` over the last dimension of `scores` `[.., t, t]`, with the
 /// causal mask: row `i` keeps columns `0..=i`, and the masked columns are exactly 0.
@@ -47,22 +48,20 @@ impl CustomOp1 for CausalSoftmax {
         let x = values(self.name(), s, l)?;
         let t = side(self.name(), l)?;
         let scale = self.scale;
-        let mut y = vec![0.0f32; x.len()];
-        for (xs, ys) in x.chunks_exact(t * t).zip(y.chunks_exact_mut(t * t)) {
-            for (i, (xr, yr)) in xs.chunks_exact(t).zip(ys.chunks_exact_mut(t)).enumerate() {
-                let (xr, yr) = (&xr[..=i], &mut yr[..=i]);
+        // Rows of t: row r is row r mod t of its matrix, with columns 0..=r mod t.
+        let y = par::rows(x.len() / t, t, |rows, y| {
+            for r in rows {
+                let i = r % t;
+                let xr = &x[r * t..r * t + i + 1];
                 // The maximum of scale·x is scale·max(x) for scale > 0, scale·min(x) otherwise.
                 let m = xr.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(scale * v));
-                let mut sum = 0.0f32;
-                for (y, &v) in yr.iter_mut().zip(xr) {
-                    let e = (scale * v - m).exp();
-                    *y = e;
-                    sum += e;
-                }
-                let inv = 1.0 / sum;
-                yr.iter_mut().for_each(|y| *y *= inv);
+                let start = y.len();
+                y.extend(xr.iter().map(|&v| (scale * v - m).exp()));
+                let inv = 1.0 / y[start..].iter().sum::<f32>();
+                y[start..].iter_mut().for_each(|y| *y *= inv);
+                y.extend(std::iter::repeat_n(0.0, t - i - 1));
             }
-        }
+        });
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -92,17 +91,15 @@ impl CustomOp2 for CausalSoftmaxGrad {
         let t = side(self.name(), l1)?;
         same_len(self.name(), y, g)?;
         let scale = self.scale;
-        let mut dx = vec![0.0f32; y.len()];
-        for (i, ((yr, gr), dr)) in
-            y.chunks_exact(t).zip(g.chunks_exact(t)).zip(dx.chunks_exact_mut(t)).enumerate()
-        {
-            let n = i % t + 1;
-            let (yr, gr, dr) = (&yr[..n], &gr[..n], &mut dr[..n]);
-            let dot: f32 = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
-            for ((d, &y), &g) in dr.iter_mut().zip(yr).zip(gr) {
-                *d = scale * y * (g - dot);
+        let dx = par::rows(y.len() / t, t, |rows, dx| {
+            for r in rows {
+                let n = r % t + 1;
+                let (yr, gr) = (&y[r * t..r * t + n], &g[r * t..r * t + n]);
+                let dot: f32 = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
+                dx.extend(yr.iter().zip(gr).map(|(&y, &g)| scale * y * (g - dot)));
+                dx.extend(std::iter::repeat_n(0.0, t - n));
             }
-        }
+        });
         Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 }
