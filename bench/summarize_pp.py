@@ -23,15 +23,20 @@ import sys
 
 from summarize_tp import NA, fmt, load, med, mib  # the same helpers as the TP summary
 
-NAME = re.compile(r"^(torch|xccl)_(cmp|bubble|mem)_([a-z0-9]+(?:-recompute)?)_p(\d+)(?:_v(\d+))?_m(\d+)_(.+)_r(\d+)$")
-ORDER = {"gpipe": 0, "1f1b": 1, "1f1b-recompute": 2, "interleaved": 3}
+NAME = re.compile(r"^(torch|xccl)_(cmp|bubble|mem)_([a-z0-9]+(?:-h1)?(?:-recompute)?)_p(\d+)(?:_v(\d+))?_m(\d+)_(.+)_r(\d+)$")
+ORDER = {"gpipe": 0, "1f1b": 1, "1f1b-recompute": 2, "zb-h1": 3, "interleaved": 4}
 
 
 def num(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def closed_form(p, v, m):
+def closed_form(p, v, m, sched=""):
+    """The schedule's bubble in units of one pass (F = B = W = 1, a whole backward 2): (p-1)
+    over the step; ZB-H1 (p-1) + max(p-m, 0) idle units over 3m + p-1 + max(p-m, 0)."""
+    if sched == "zb-h1":
+        idle = p - 1 + max(p - m, 0)
+        return idle / (3 * m + idle)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -102,7 +107,7 @@ def main(out):
         tl, xl = [med([losses("torch", r)[i] for r in t]) for i in (0, 1)], [med([losses("xccl", r)[i] for r in x]) for i in (0, 1)]
         ratio = fmt(xs / ts) if ts and xs else NA
         print(f"| {cfg} | {sched} | {p} | {v} | {m} | {params if params is not None else NA} | {fmt(ts)} | {fmt(xs)} | {ratio} "
-              f"| {fmt(tb, '.3f')} | {fmt(xb, '.3f')} | {closed_form(p, v, m):.3f} "
+              f"| {fmt(tb, '.3f')} | {fmt(xb, '.3f')} | {closed_form(p, v, m, sched):.3f} "
               f"| {fmt(tl[0], '.3f')} -> {fmt(tl[1], '.3f')} | {fmt(xl[0], '.3f')} -> {fmt(xl[1], '.3f')} | {len(t)}/{len(x)} |")
 
     print()
@@ -112,13 +117,13 @@ def main(out):
     print("(oversubscribed): a rank idle in the pipeline lends its core to another, so its measured bubble is not")
     print("that of 4 cores. 'xccl closed form' is what xccl's summary.json reports (pipeline.bubble_schedule).")
     print()
-    print("| config | P | schedule | V | M | closed form (P-1)/(VM+P-1) | xccl closed form | xccl measured | measured - closed form | step (ms) | runs |")
+    print("| config | P | schedule | V | M | closed form (P-1)/(VM+P-1); ZB-H1 (P-1)/(3M+P-1) | xccl closed form | xccl measured | measured - closed form | step (ms) | runs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k in sorted(keys("bubble", "xccl"), key=lambda k: (k[5], k[2], ORDER.get(k[1], 9), k[3], k[4])):
         (_, sched, p, v, m, cfg) = k
         x = get("xccl", k)
         meas, sch = med([pipeline("xccl", r)[0] for r in x]), med([pipeline("xccl", r)[1] for r in x])
-        cf = closed_form(p, v, m)
+        cf = closed_form(p, v, m, sched)
         diff = fmt(meas - cf, "+.3f") if meas is not None else NA
         print(f"| {cfg} | {p} | {sched} | {v} | {m} | {cf:.3f} | {fmt(sch, '.3f')} | {fmt(meas, '.3f')} | {diff} "
               f"| {fmt(med([step_ms('xccl', r) for r in x]))} | {len(x)} |")

@@ -345,3 +345,46 @@ fn sharded_initialisation_is_a_slice_of_the_unsharded_one() {
         }
     }
 }
+
+/// The activations a GPT forward keeps per rank (counted from what its blocks saved), with
+/// and without sequence parallelism, against the count of the tensors each layer keeps:
+/// per layer its input, both norms' outputs and the residual (`[b, s', h]` each, `s' = s`,
+/// or `s / t` with sequence parallelism: Megatron-LM's saving), q, k, v, the attention's
+/// output and the MLP's two activations (`12·b·s·h / t`), the attention weights
+/// (`b·(a/t)·s²`); the head keeps its input and its norm's output (`2·b·s'·h`), the
+/// embedding the token ids. Sequence parallelism must keep at most 0.82 of the rest
+/// (Megatron-LM's analysis: 0.80 for t = 2, a = 8, s = 64, h = 512; the ratio depends on
+/// a·s/h, the same here).
+#[test]
+fn sequence_parallelism_keeps_a_shard_of_each_layers_input() {
+    let (b, s, h, a, l, t) = (2, 8, 64, 8, 2, 2);
+    let cfg = ModelConfig {
+        kind: ModelKind::Gpt,
+        vocab: 16,
+        context: s,
+        width: h,
+        layers: l,
+        heads: a,
+        tied: false,
+    };
+    let ids: Vec<u32> = (0..b * s).map(|i| (i * 5 % 16) as u32).collect();
+    let ids = Tensor::from_vec(ids, (b, s), &Device::Cpu).unwrap();
+    let counted = |sp: bool| {
+        let bytes = on_ranks(t, sp, |tp| {
+            let model = Model::with_tp(&cfg, 3, &tp).unwrap();
+            model.forward(&ids, Graph::Blockwise, &mut Trace::new("test", false)).unwrap().saved_bytes()
+        });
+        assert!(bytes.iter().all(|&n| n == bytes[0]), "ranks keep the same: {bytes:?}");
+        bytes[0]
+    };
+    let expect = |sp: bool| {
+        let local = if sp { s / t } else { s };
+        let layer = 4 * b * local * h + 12 * b * s * h / t + b * (a / t) * s * s;
+        4 * (l * layer + 2 * b * local * h + b * s)
+    };
+    let (tp_only, with_sp) = (counted(false), counted(true));
+    assert_eq!(tp_only, expect(false), "tensor parallelism alone");
+    assert_eq!(with_sp, expect(true), "with sequence parallelism");
+    let ratio = with_sp as f64 / tp_only as f64;
+    assert!(ratio <= 0.82, "sequence parallelism keeps {ratio:.3} of tensor parallelism's activations");
+}

@@ -25,6 +25,13 @@ pub struct Saved {
     scale: f64,
 }
 
+impl Saved {
+    /// The tensors it holds.
+    pub fn tensors(&self) -> [&Tensor; 4] {
+        [&self.q, &self.k, &self.v, &self.att]
+    }
+}
+
 /// Attention over `qkv` `[b, t, 3·d]` (q, k and v of `heads` heads side by side, each
 /// `d / heads` features): the output `[b, t, d]` and what the backward needs. On tensors
 /// that track gradients the output does too (candle's autograd: the reference form).

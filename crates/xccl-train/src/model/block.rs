@@ -10,9 +10,38 @@ pub use crate::layers::grads::Deferred;
 pub use crate::layers::{Init, LayerNorm, Linear};
 use crate::params::Param;
 
+/// A value made of tensors (what a layer saves), listed so their bytes can be counted.
+pub trait Holds {
+    /// The tensors it holds.
+    fn tensors(&self) -> Vec<&Tensor>;
+}
+
 /// What a block's [`forward_saved`](Block::forward_saved) keeps for its backward: a value
-/// of the block's own type, which only its [`backward_input`](Block::backward_input) reads.
-pub type Saved = Box<dyn Any + Send + Sync>;
+/// of the block's own type, which only its [`backward_input`](Block::backward_input) reads,
+/// and the bytes of the tensors it holds (the activation memory a forward keeps).
+pub struct Saved {
+    value: Box<dyn Any + Send + Sync>,
+    bytes: usize,
+}
+
+impl Saved {
+    /// `value`, which holds the tensors `tensors` (their bytes are counted).
+    pub fn new<T: Any + Send + Sync>(value: T, tensors: &[&Tensor]) -> Saved {
+        let bytes = tensors.iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum();
+        Saved { value: Box::new(value), bytes }
+    }
+
+    /// `value`, which holds the tensors its `tensors` method lists.
+    pub fn of<T: Holds + Any + Send + Sync>(value: T) -> Saved {
+        let bytes = Saved::new((), &value.tensors()).bytes;
+        Saved { value: Box::new(value), bytes }
+    }
+
+    /// The bytes of the tensors it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
 
 /// One stage of a model: a function of one input tensor with its own parameters.
 ///
@@ -70,12 +99,16 @@ fn autograd_forward<B: Block + ?Sized>(block: &B, x: &Tensor) -> candle_core::Re
     let input = if x.dtype() == DType::U32 { None } else { Some(Var::from_tensor(&x.detach())?) };
     let params = block.params().iter().chain(block.shared()).map(|p| (p.clone(), p.tensor())).collect();
     let output = block.forward(input.as_ref().map_or(x, Var::as_tensor))?;
-    Ok((output.detach(), Box::new(AutogradSaved { input, output, params })))
+    // Counted: the input and the output; the graph between them holds more.
+    let bytes = Saved::new((), &[input.as_ref().map_or(x, Var::as_tensor), &output]).bytes;
+    let detached = output.detach();
+    let value = Box::new(AutogradSaved { input, output, params });
+    Ok((detached, Saved { value, bytes }))
 }
 
 /// The saved value of `block`'s forward, as type `T`.
 pub(crate) fn saved_as<T: 'static, B: Block + ?Sized>(block: &B, saved: Saved) -> candle_core::Result<T> {
-    match saved.downcast::<T>() {
+    match saved.value.downcast::<T>() {
         Ok(s) => Ok(*s),
         Err(_) => candle_core::bail!("{}: backward given what another block's forward saved", block.name()),
     }

@@ -18,7 +18,7 @@ use candle_core::{Module, Tensor};
 
 use super::ModelConfig;
 use super::attention;
-use super::block::{Block, Deferred, Init, LayerNorm, Saved, expect_ids, saved_as};
+use super::block::{Block, Deferred, Holds, Init, LayerNorm, Saved, expect_ids, saved_as};
 use crate::error::{Error, Result};
 use crate::layers::ops::{gelu, gelu_grad};
 use crate::params::Param;
@@ -95,7 +95,7 @@ impl Block for Embed {
         let tok = self.tok.apply(ids)?;
         let (first, len) = self.positions(&tok)?;
         let y = tok.broadcast_add(&self.pos.tensor().detach().narrow(0, first, len)?)?;
-        Ok((y, Box::new(ids.clone())))
+        Ok((y, Saved::new(ids.clone(), &[ids])))
     }
 
     fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
@@ -187,6 +187,14 @@ struct LayerSaved {
     g: Tensor,
 }
 
+impl Holds for LayerSaved {
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = vec![&self.x, &self.a, &self.y, &self.h, &self.c, &self.f, &self.g];
+        all.extend(self.att.tensors());
+        all
+    }
+}
+
 impl Block for Layer {
     fn name(&self) -> &str {
         &self.name
@@ -210,7 +218,7 @@ impl Block for Layer {
         let f = self.fc.apply(&c)?;
         let g = gelu(&f)?;
         let out = (&h + self.out.apply(&g)?)?;
-        Ok((out, Box::new(LayerSaved { x: x.clone(), a, att, y, h, c, f, g })))
+        Ok((out, Saved::of(LayerSaved { x: x.clone(), a, att, y, h, c, f, g })))
     }
 
     fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
@@ -276,7 +284,8 @@ impl Block for Head {
 
     fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
         let c = self.norm.apply(x)?;
-        Ok((self.out.apply(&c)?, Box::new((x.clone(), c))))
+        let saved = Saved::new((x.clone(), c.clone()), &[x, &c]);
+        Ok((self.out.apply(&c)?, saved))
     }
 
     fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {

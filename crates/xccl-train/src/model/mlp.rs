@@ -103,7 +103,7 @@ impl Block for Hidden {
 
     fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
         let f = self.linear.apply(x)?;
-        Ok((gelu(&f)?, Box::new((x.clone(), f))))
+        Ok((gelu(&f)?, Saved::new((x.clone(), f.clone()), &[x, &f])))
     }
 
     fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {
@@ -134,7 +134,7 @@ impl Block for Output {
     }
 
     fn forward_saved(&self, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
-        Ok((self.linear.apply(x)?, Box::new(x.clone())))
+        Ok((self.linear.apply(x)?, Saved::new(x.clone(), &[x])))
     }
 
     fn backward_input(&self, saved: Saved, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Deferred)> {

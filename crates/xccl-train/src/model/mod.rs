@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use candle_core::{D, Tensor, Var};
 
-pub use block::{Block, Deferred, Init, Saved, ids_tensor};
+pub use block::{Block, Deferred, Holds, Init, Saved, ids_tensor};
 
 use crate::error::{Error, Result};
 use crate::params::{Layout, Param, ParamSet, Shard};
@@ -146,6 +146,12 @@ impl Forward {
     pub fn logits(&self) -> &Tensor {
         &self.logits
     }
+
+    /// The bytes of the activations the blocks kept for backward (with
+    /// [`Graph::Recompute`], the last block's only; 0 for a [`Graph::Whole`] forward).
+    pub fn saved_bytes(&self) -> usize {
+        self.saved.iter().flatten().map(Saved::bytes).sum()
+    }
 }
 
 impl Model {
@@ -215,9 +221,7 @@ impl Model {
         // A shared parameter no block here owns belongs to a block of another stage: the
         // block that uses it holds a copy.
         let mut owned_params: Vec<Vec<Param>> = blocks.iter().map(|b| b.params().to_vec()).collect();
-        let mine = |p: &Param, owned: &[Vec<Param>]| {
-            owned.iter().flatten().any(|q| q.tensor().id() == p.tensor().id())
-        };
+        let mine = |p: &Param, owned: &[Vec<Param>]| owned.iter().flatten().any(|q| q.is(p));
         for (k, b) in blocks.iter().enumerate() {
             for p in b.shared() {
                 if !mine(p, &owned_params) && layout.get(p.name()).is_some() {

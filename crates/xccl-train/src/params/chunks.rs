@@ -15,6 +15,9 @@ pub struct Chunks {
     /// Chunk `i` covers `starts[i]..starts[i + 1]`.
     starts: Vec<usize>,
     bufs: Vec<Vec<f32>>,
+    /// Buffers given back ([`recycle`](Self::recycle)), reused when a vacant chunk of their
+    /// length is first written: a fresh one costs a page fault per page.
+    spare: Vec<Vec<f32>>,
 }
 
 impl Chunks {
@@ -24,7 +27,7 @@ impl Chunks {
         for &l in lens {
             starts.push(starts[starts.len() - 1] + l);
         }
-        Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect() }
+        Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect(), spare: Vec::new() }
     }
 
     /// Chunks of the given lengths that hold nothing yet: each is allocated, zeroed, when
@@ -40,7 +43,7 @@ impl Chunks {
 
     /// One chunk holding `values`.
     pub fn from_vec(values: Vec<f32>) -> Chunks {
-        Chunks { starts: vec![0, values.len()], bufs: vec![values] }
+        Chunks { starts: vec![0, values.len()], bufs: vec![values], spare: Vec::new() }
     }
 
     /// Number of chunks.
@@ -100,7 +103,15 @@ impl Chunks {
             let i = self.starts.partition_point(|&s| s <= pos) - 1;
             let at = pos - self.starts[i];
             if self.bufs[i].is_empty() {
-                self.bufs[i] = vec![0.0; self.range(i).len()];
+                let len = self.range(i).len();
+                self.bufs[i] = match self.spare.iter().position(|b| b.len() == len) {
+                    Some(k) => {
+                        let mut b = self.spare.swap_remove(k);
+                        b.fill(0.0);
+                        b
+                    }
+                    None => vec![0.0; len],
+                };
             }
             let n = rest.len().min(self.bufs[i].len() - at);
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
@@ -145,6 +156,12 @@ impl Chunks {
     /// Takes chunk `i` out (to hand it to a collective), leaving it empty.
     pub fn take(&mut self, i: usize) -> Vec<f32> {
         std::mem::take(&mut self.bufs[i])
+    }
+
+    /// Gives back a buffer taken for good (a chunk reduce-scattered and no longer needed),
+    /// for a vacant chunk of the same length to reuse.
+    pub fn recycle(&mut self, buf: Vec<f32>) {
+        self.spare.push(buf);
     }
 
     /// Puts chunk `i` back after [`take`](Self::take).

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, RwLock};
 
-use candle_core::{Tensor, TensorId, Var};
+use candle_core::{Tensor, Var};
 
 use crate::error::{Error, Result};
 
@@ -187,7 +187,8 @@ impl Param {
         Arc::ptr_eq(&self.var, &other.var)
     }
 
-    /// The variable currently holding its value (a handle: setting it sets the parameter).
+    /// The variable currently holding its value ([`set`](Self::set) puts a new one in its
+    /// place).
     pub fn var(&self) -> Var {
         self.cell().clone()
     }
@@ -202,8 +203,8 @@ impl Param {
         self.cell().as_tensor().dims() == self.shape.as_slice()
     }
 
-    /// Sets its value from `values` (this rank's shape, row-major); a released parameter is
-    /// materialised again in a new variable.
+    /// Sets its value from `values` (this rank's shape, row-major), in a new variable (one
+    /// copy of `values`): whatever held the old value (a saved graph) keeps it.
     pub fn set(&self, values: &[f32]) -> Result<()> {
         let n: usize = self.shape.iter().product();
         if values.len() != n {
@@ -213,11 +214,7 @@ impl Param {
                 self.name
             )));
         }
-        let t = Tensor::from_slice(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
-        if self.is_resident() {
-            return Ok(self.cell().set(&t)?);
-        }
-        let var = Var::from_tensor(&t)?;
+        let var = Var::from_slice(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
         *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = var;
         Ok(())
     }
@@ -348,7 +345,6 @@ pub struct ParamSet {
     slots: Vec<Slot>,
     len: usize,
     layout: std::sync::Arc<Layout>,
-    by_id: HashMap<TensorId, usize>,
 }
 
 impl ParamSet {
@@ -394,17 +390,16 @@ impl ParamSet {
                 len += p.shape.iter().product::<usize>();
             }
         }
-        let mut by_id = HashMap::new();
         let mut names = HashMap::new();
         for (i, s) in slots.iter().enumerate() {
-            if by_id.insert(s.param.tensor().id(), i).is_some() {
+            if slots[..i].iter().any(|o| o.param.is(&s.param)) {
                 return Err(Error::config(format!("parameter {} is owned by two blocks", s.param.name)));
             }
             if names.insert(s.param.name.clone(), i).is_some() {
                 return Err(Error::config(format!("two parameters are called {}", s.param.name)));
             }
         }
-        Ok(ParamSet { slots, len, layout, by_id })
+        Ok(ParamSet { slots, len, layout })
     }
 
     /// The whole model's full flat vector.
@@ -458,7 +453,7 @@ impl ParamSet {
 
     /// The index of the slot holding `param`, if it belongs to this set.
     pub fn index_of(&self, param: &Param) -> Option<usize> {
-        self.by_id.get(&param.tensor().id()).copied()
+        self.slots.iter().position(|s| s.param.is(param))
     }
 
     /// The flat elements owned by blocks `blocks` (a contiguous range, as blocks are laid

@@ -1,9 +1,10 @@
 //! ZeRO stage 3's parameters: each rank keeps only its shard; a block's parameters are
-//! all-gathered just before the block runs (forward, and again before its backward, which
-//! runs the forward again first) and freed right after. While block `k` computes, the
+//! all-gathered just before the block runs (forward, and again before its backward) and
+//! freed right after. While block `k` computes, the
 //! parameters of the block that runs next are already being gathered (prefetch), so at most
 //! two blocks' full parameters exist at a time (three with a tied head, which also needs
-//! the embedding's).
+//! the embedding's), and the buffers of finished gathers are kept for the next ones (one
+//! per size of unit).
 
 use std::collections::BTreeMap;
 
@@ -29,6 +30,9 @@ pub(crate) struct Gatherer<'a> {
     resident: Vec<bool>,
     /// Most full elements resident or in flight at once (the working set), this step.
     pub peak: usize,
+    /// Buffers of finished gathers (this rank's piece, the whole), kept for the next ones:
+    /// a fresh buffer costs a zero fill and a page fault per page.
+    spare: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 impl<'a> Gatherer<'a> {
@@ -54,6 +58,7 @@ impl<'a> Gatherer<'a> {
             in_flight: BTreeMap::new(),
             resident: vec![false; layout.units().len()],
             peak: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -62,8 +67,20 @@ impl<'a> Gatherer<'a> {
             return;
         }
         let unit = &layout.units()[u];
-        let mine = shard[layout.shard_range(u)].to_vec();
-        let work = self.comm.all_gather_v_async(mine, vec![0.0; unit.range.len()], &unit.counts);
+        let piece = &shard[layout.shard_range(u)];
+        let (mine, full) = match self
+            .spare
+            .iter()
+            .position(|(m, f)| m.len() == piece.len() && f.len() == unit.range.len())
+        {
+            Some(i) => {
+                let (mut mine, full) = self.spare.swap_remove(i);
+                mine.copy_from_slice(piece);
+                (mine, full)
+            }
+            None => (piece.to_vec(), vec![0.0; unit.range.len()]),
+        };
+        let work = self.comm.all_gather_v_async(mine, full, &unit.counts);
         self.in_flight.insert(u, work);
         self.note_working_set(layout);
     }
@@ -84,9 +101,10 @@ impl<'a> Gatherer<'a> {
         }
         self.launch(layout, shard, u);
         let work = self.in_flight.remove(&u).ok_or_else(|| Error::internal("gather lost"))?;
-        let (_, full) = work.wait()?;
+        let (mine, full) = work.wait()?;
         self.model.params().write_range(layout.units()[u].range.start, &full)?;
         self.resident[u] = true;
+        self.spare.push((mine, full));
         Ok(())
     }
 

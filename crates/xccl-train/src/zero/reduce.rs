@@ -93,6 +93,8 @@ impl Reducer {
         }
         if self.keep_full {
             grads.put(u, full)?;
+        } else {
+            grads.recycle(full);
         }
         Ok(())
     }
