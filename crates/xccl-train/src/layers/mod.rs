@@ -155,9 +155,7 @@ impl Linear {
     pub fn new(weight: Param, bias: Option<Param>) -> Linear {
         Linear { weight, bias }
     }
-}
 
-impl Linear {
     /// The output for `x` without an autograd graph; its backward needs `x`. Computed as
     /// `x · Wᵀ`, the output row-major as it comes out of the product (the weight enters
     /// transposed, which the product reads in place).
@@ -188,18 +186,7 @@ impl Linear {
         deferred: &mut Deferred,
     ) -> candle_core::Result<Tensor> {
         let gx = linear_grad_input(gy, &self.weight.tensor().detach())?;
-        self.defer_weight(gy.clone(), x, deferred);
-        Ok(gx)
-    }
-
-    /// Defers the weight's gradient `gyᵀ·x()` and the bias's `Σ gy` onto `deferred`.
-    pub fn defer_weight(
-        &self,
-        gy: Tensor,
-        x: impl FnOnce() -> candle_core::Result<Tensor> + Send + 'static,
-        deferred: &mut Deferred,
-    ) {
-        let (w, b) = (self.weight.clone(), self.bias.clone());
+        let (w, b, gy) = (self.weight.clone(), self.bias.clone(), gy.clone());
         deferred.push(move || {
             let mut grads = vec![(w, linear_grad_weight(&gy, &x()?)?)];
             if let Some(b) = b {
@@ -207,6 +194,7 @@ impl Linear {
             }
             Ok(grads)
         });
+        Ok(gx)
     }
 }
 

@@ -10,6 +10,11 @@ pub use crate::layers::grads::Deferred;
 pub use crate::layers::{Init, LayerNorm, Linear};
 use crate::params::Param;
 
+/// The bytes of `tensors`' elements.
+fn bytes_of(tensors: &[&Tensor]) -> usize {
+    tensors.iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+}
+
 /// A value made of tensors (what a layer saves), listed so their bytes can be counted.
 pub trait Holds {
     /// The tensors it holds.
@@ -27,13 +32,12 @@ pub struct Saved {
 impl Saved {
     /// `value`, which holds the tensors `tensors` (their bytes are counted).
     pub fn new<T: Any + Send + Sync>(value: T, tensors: &[&Tensor]) -> Saved {
-        let bytes = tensors.iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum();
-        Saved { value: Box::new(value), bytes }
+        Saved { value: Box::new(value), bytes: bytes_of(tensors) }
     }
 
     /// `value`, which holds the tensors its `tensors` method lists.
     pub fn of<T: Holds + Any + Send + Sync>(value: T) -> Saved {
-        let bytes = Saved::new((), &value.tensors()).bytes;
+        let bytes = bytes_of(&value.tensors());
         Saved { value: Box::new(value), bytes }
     }
 
@@ -100,7 +104,7 @@ fn autograd_forward<B: Block + ?Sized>(block: &B, x: &Tensor) -> candle_core::Re
     let params = block.params().iter().chain(block.shared()).map(|p| (p.clone(), p.tensor())).collect();
     let output = block.forward(input.as_ref().map_or(x, Var::as_tensor))?;
     // Counted: the input and the output; the graph between them holds more.
-    let bytes = Saved::new((), &[input.as_ref().map_or(x, Var::as_tensor), &output]).bytes;
+    let bytes = bytes_of(&[input.as_ref().map_or(x, Var::as_tensor), &output]);
     let detached = output.detach();
     let value = Box::new(AutogradSaved { input, output, params });
     Ok((detached, Saved { value, bytes }))
@@ -126,7 +130,10 @@ fn autograd_backward<B: Block + ?Sized>(
         None => candle_core::bail!("{}: {what} received no gradient", block.name()),
     };
     let below = s.input.map(|v| got(v.as_tensor(), "the input")).transpose()?;
-    let grads = s.params.into_iter().map(|(p, t)| Ok((p.clone(), got(&t, p.name())?)));
+    let grads = s.params.into_iter().map(|(p, t)| {
+        let g = got(&t, p.name())?;
+        Ok((p, g))
+    });
     Ok((below, Deferred::ready(grads.collect::<candle_core::Result<_>>()?)))
 }
 
