@@ -34,7 +34,7 @@ fn gradients(model: &Model, task: &dyn Task, graph: Graph) -> BTreeMap<String, V
             order.push(k);
             for (i, t) in g {
                 let name = model.params().slots()[i].param.name().to_string();
-                let v = t.flatten_all()?.to_vec1::<f32>()?;
+                let v = t.tensor()?.flatten_all()?.to_vec1::<f32>()?;
                 let acc = grads.entry(name).or_insert_with(|| vec![0.0; v.len()]);
                 for (a, x) in acc.iter_mut().zip(v) {
                     *a += x;
@@ -130,7 +130,7 @@ fn every_blocks_backward_equals_candles_autograd() {
             }
             let mut got: BTreeMap<String, Vec<f32>> = BTreeMap::new();
             for (p, t) in deferred.run().unwrap() {
-                let v = values(&t);
+                let v = values(&t.tensor().unwrap());
                 let acc = got.entry(p.name().to_string()).or_insert_with(|| vec![0.0; v.len()]);
                 acc.iter_mut().zip(v).for_each(|(a, x)| *a += x);
             }

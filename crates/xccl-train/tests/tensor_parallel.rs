@@ -249,7 +249,7 @@ fn gpt_step(model: &Model, ids: &Tensor, targets: &Tensor, mask: &Tensor) -> (Ve
     model
         .backward(fwd, &loss, &mut trace, |_, g| {
             for (i, t) in g {
-                let v = values(&t);
+                let v = values(&t.tensor().unwrap());
                 if grads[i].is_empty() {
                     grads[i] = v;
                 } else {

@@ -19,7 +19,7 @@ use rand_distr::{Distribution, Normal};
 
 use crate::error::{Error, Result};
 use crate::params::{Param, Shard};
-use grads::{Deferred, linear_grad_input, linear_grad_weight};
+use grads::{Deferred, linear_grad_input};
 
 /// Creates parameters from a seeded generator, so every process builds identical ones
 /// (candle's own random tensors on the CPU cannot be seeded).
@@ -186,14 +186,11 @@ impl Linear {
         deferred: &mut Deferred,
     ) -> candle_core::Result<Tensor> {
         let gx = linear_grad_input(gy, &self.weight.tensor().detach())?;
-        let (w, b, gy) = (self.weight.clone(), self.bias.clone(), gy.clone());
-        deferred.push(move || {
-            let mut grads = vec![(w, linear_grad_weight(&gy, &x()?)?)];
-            if let Some(b) = b {
-                grads.push((b, ops::column_sum(&gy)?));
-            }
-            Ok(grads)
-        });
+        deferred.push_product(self.weight.clone(), gy.clone(), x);
+        if let Some(b) = &self.bias {
+            let (b, gy) = (b.clone(), gy.clone());
+            deferred.push(move || Ok(vec![(b, ops::column_sum(&gy)?)]));
+        }
         Ok(gx)
     }
 }

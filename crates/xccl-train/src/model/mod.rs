@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use candle_core::{D, Tensor, Var};
 
+pub use crate::layers::grads::Grad;
 pub use block::{Block, Deferred, Holds, Init, Saved, ids_tensor};
 
 use crate::error::{Error, Result};
@@ -126,7 +127,7 @@ pub struct Model {
 
 /// The gradients one block's backward produced: (parameter index in the [`ParamSet`],
 /// gradient), including its contribution to shared parameters.
-pub type BlockGrads = Vec<(usize, Tensor)>;
+pub type BlockGrads = Vec<(usize, Grad)>;
 
 /// What a forward pass keeps for backward.
 pub struct Forward {
@@ -367,17 +368,22 @@ impl Model {
         }
         let replicated = |i: usize| self.params.slots()[i].param.shard() == Shard::Replicated;
         let mut flat = Vec::new();
+        let mut partial = Vec::new();
         for (i, g) in &grads {
             if replicated(*i) {
-                flat.extend(g.flatten_all()?.to_vec1::<f32>()?);
+                let t = g.tensor()?;
+                flat.extend(t.flatten_all()?.to_vec1::<f32>()?);
+                partial.push(t);
             }
         }
         self.tp.all_reduce(&mut flat)?;
         let mut at = 0;
+        let mut partial = partial.into_iter();
         for (i, g) in &mut grads {
             if replicated(*i) {
-                let n = g.elem_count();
-                *g = Tensor::from_slice(&flat[at..at + n], g.dims(), g.device())?;
+                let t = partial.next().ok_or_else(|| Error::internal("a partial gradient lost"))?;
+                let n = t.elem_count();
+                *g = Grad::Tensor(Tensor::from_slice(&flat[at..at + n], t.dims(), t.device())?);
                 at += n;
             }
         }
@@ -503,7 +509,7 @@ impl Model {
         let mut which: Vec<usize> = blocks.flat_map(|k| self.used[k].iter().copied()).collect();
         which.sort_unstable();
         which.dedup();
-        let mut grads: Vec<Option<Tensor>> = vec![None; which.len()];
+        let mut grads: Vec<Option<Grad>> = vec![None; which.len()];
         for (p, g) in deferred.run()? {
             let Some(at) = which.iter().position(|&i| self.params.slots()[i].param.is(&p)) else {
                 return Err(Error::internal(format!(
@@ -511,8 +517,9 @@ impl Model {
                     p.name()
                 )));
             };
+            // A parameter used twice in these blocks (a tied embedding and head).
             grads[at] = Some(match grads[at].take() {
-                Some(sum) => (sum + g)?,
+                Some(sum) => Grad::Tensor((sum.tensor()? + g.tensor()?)?),
                 None => g,
             });
         }
@@ -552,7 +559,7 @@ impl Model {
             .iter()
             .map(|&i| {
                 let slot = &self.params.slots()[i];
-                store.get(&slot.param.tensor()).map(|g| (i, g.clone())).ok_or_else(|| {
+                store.get(&slot.param.tensor()).map(|g| (i, Grad::Tensor(g.clone()))).ok_or_else(|| {
                     Error::internal(format!("parameter {} received no gradient", slot.param.name()))
                 })
             })

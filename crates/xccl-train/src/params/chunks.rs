@@ -2,10 +2,9 @@
 
 use std::ops::Range;
 
-use candle_core::Tensor;
-
 use super::ParamSet;
 use crate::error::{Error, Result};
+use crate::layers::grads::Grad;
 
 /// A flat `f32` vector kept as consecutive chunks, each its own `Vec`, so that one chunk
 /// (a DDP bucket, a parameter-server shard) can be handed to an asynchronous collective and
@@ -102,17 +101,7 @@ impl Chunks {
         while !rest.is_empty() {
             let i = self.starts.partition_point(|&s| s <= pos) - 1;
             let at = pos - self.starts[i];
-            if self.bufs[i].is_empty() {
-                let len = self.range(i).len();
-                self.bufs[i] = match self.spare.iter().position(|b| b.len() == len) {
-                    Some(k) => {
-                        let mut b = self.spare.swap_remove(k);
-                        b.fill(0.0);
-                        b
-                    }
-                    None => vec![0.0; len],
-                };
-            }
+            self.fill_vacant(i);
             let n = rest.len().min(self.bufs[i].len() - at);
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
                 f(d, *s);
@@ -138,19 +127,51 @@ impl Chunks {
         Ok(out)
     }
 
-    /// Adds every gradient of `grads` (slot index, gradient tensor) at its slot's place.
-    pub fn add_grads(&mut self, set: &ParamSet, grads: &[(usize, Tensor)]) -> Result<()> {
+    /// Adds every gradient of `grads` (slot index, gradient) at its slot's place: straight
+    /// from the gradient's storage, and a weight's product computed into the chunk
+    /// ([`Grad::add_to`]), when the slot lies in one chunk.
+    pub fn add_grads(&mut self, set: &ParamSet, grads: &[(usize, Grad)]) -> Result<()> {
         for (i, g) in grads {
-            // Straight from the gradient's storage: no copy into a vector first.
-            let g = g.contiguous()?;
-            let (storage, layout) = g.storage_and_layout();
-            let values = match (&*storage, layout.contiguous_offsets()) {
-                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => &v[a..b],
-                _ => return Err(Error::internal("gradients must be f32 tensors on the CPU")),
-            };
-            self.add(set.slots()[*i].offset, values)?;
+            let slot = &set.slots()[*i];
+            match self.slice_mut(slot.offset, slot.range().len()) {
+                Some(dst) => g.add_to(dst)?,
+                None => {
+                    let t = g.tensor()?.flatten_all()?.to_vec1::<f32>()?;
+                    self.add(slot.offset, &t)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Elements `offset .. offset + len` as one slice, when they lie in one chunk (a vacant
+    /// chunk is allocated, zeroed).
+    fn slice_mut(&mut self, offset: usize, len: usize) -> Option<&mut [f32]> {
+        if offset + len > self.len() {
+            return None;
+        }
+        let i = self.starts.partition_point(|&s| s <= offset).checked_sub(1)?;
+        let at = offset - self.starts[i];
+        if at + len > self.range(i).len() {
+            return None;
+        }
+        self.fill_vacant(i);
+        Some(&mut self.bufs[i][at..at + len])
+    }
+
+    /// Allocates chunk `i`, zeroed, if it is vacant (reusing a spare buffer of its length).
+    fn fill_vacant(&mut self, i: usize) {
+        if self.bufs[i].is_empty() {
+            let len = self.range(i).len();
+            self.bufs[i] = match self.spare.iter().position(|b| b.len() == len) {
+                Some(k) => {
+                    let mut b = self.spare.swap_remove(k);
+                    b.fill(0.0);
+                    b
+                }
+                None => vec![0.0; len],
+            };
+        }
     }
 
     /// Takes chunk `i` out (to hand it to a collective), leaving it empty.
