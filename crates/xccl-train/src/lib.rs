@@ -2,16 +2,19 @@
 //!
 //! Turns a single-process training program into an equivalent parallel one: data
 //! parallelism (DDP, ZeRO stages 1–3, a parameter server), tensor (Megatron) and sequence
-//! parallelism, and pipeline parallelism (GPipe, 1F1B, interleaved 1F1B) on a device mesh. Tensors,
-//! autograd and layers come from [candle](https://github.com/huggingface/candle) (CPU); the
+//! parallelism, and pipeline parallelism (GPipe, 1F1B, interleaved 1F1B, ZB-H1) on a device
+//! mesh. Tensors and matrix products come from [candle](https://github.com/huggingface/candle)
+//! (CPU), whose autograd is the reference the layers' own backward is tested against; the
 //! communication is [`xccl`]'s collectives. This crate knows nothing about sockets, and
 //! `xccl` knows nothing about neural networks.
 //!
 //! - [`layers`]: seeded initialisation, `Linear`, `LayerNorm` and the fused CPU kernels
-//!   that blocks and tensor parallelism's layers are made of.
-//! - A [`Model`](model::Model) is a sequence of [`Block`](model::Block)s whose forward takes
-//!   a leaf input, so backward runs block by block and each block's gradients are ready as
-//!   soon as its backward is done ([`model`]): a GPT-style decoder and an MLP are built in.
+//!   that blocks and tensor parallelism's layers are made of, each with its backward written
+//!   out: the input's gradient now, the weights' deferred ([`layers::grads`]).
+//! - A [`Model`](model::Model) is a sequence of [`Block`](model::Block)s whose forward keeps
+//!   exactly what its own backward reads, so backward runs block by block, each block's
+//!   gradients are ready as soon as its backward is done, and its weights' half can wait for
+//!   a pipeline's bubble ([`model`]): a GPT-style decoder and an MLP are built in.
 //! - Parameters form one list ordered by block, then name, with flat views for
 //!   communication ([`params`]); optimisers with state we own, SGD with momentum and AdamW,
 //!   work on those flat vectors ([`optim`]).
@@ -20,13 +23,14 @@
 //! - [`ps`]: a parameter server with sharded servers, synchronous or with a bounded
 //!   staleness (stale synchronous parallel).
 //! - [`zero`]: ZeRO stages 1–3 over the data axis: optimiser state, gradients and (stage 3)
-//!   parameters sharded, gathered block by block for forward and backward.
-//! - [`pipeline`]: stages of consecutive blocks, schedules as data (GPipe, 1F1B, interleaved)
+//!   parameters sharded, gathered block by block for forward and again for backward.
+//! - [`pipeline`]: stages of consecutive blocks, schedules as data (GPipe, 1F1B, interleaved, ZB-H1)
 //!   checked for matching, deadlock freedom and their closed-form bubble, and the executor
 //!   that runs them with activations and gradients sent between stages.
 //! - [`mesh`]: the world as a `pp × dp × tp` grid with a communicator per axis; [`tp`]: Megatron's
 //!   column- and row-parallel layers, heads split over the group, vocabulary-parallel
-//!   embedding and cross-entropy, sequence parallelism, the communication as autograd ops.
+//!   embedding and cross-entropy, sequence parallelism, the communication as autograd ops and
+//!   as plain collectives for the explicit backward.
 //! - [`trainer::train`] composes them on any communicator and runs one training loop for
 //!   every strategy: a strategy (DDP, ZeRO, a parameter server's worker) is data plus
 //!   hooks the loop calls (before and after each block, when a block's gradients are done,

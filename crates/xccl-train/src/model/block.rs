@@ -51,9 +51,10 @@ impl Saved {
 ///
 /// A model runs its blocks in sequence, each in one of two forms:
 ///
-/// - [`forward`](Block::forward) builds candle's autograd graph: inference, and the
-///   reference ([`Graph::Whole`](super::Graph::Whole)) every other form is tested against;
-/// - [`forward_saved`](Block::forward_saved) builds no graph and returns what the block's
+/// - [`forward`](Block::forward) builds candle's autograd graph: the reference
+///   ([`Graph::Whole`](super::Graph::Whole)) every other form is tested against;
+/// - [`forward_saved`](Block::forward_saved) (training, and inference) builds no graph and
+///   returns what the block's
 ///   own backward needs; [`backward_input`](Block::backward_input) then computes the gradient
 ///   of the input from that of the output, right away, and returns the weights' gradients
 ///   as [`Deferred`] work that a schedule may run at once or later (zero-bubble pipelines).
