@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use candle_core::{D, Tensor, Var};
 
-pub use crate::layers::grads::Grad;
+pub use crate::params::Grad;
 pub use block::{Block, Deferred, Holds, Init, Saved, ids_tensor};
 
 use crate::error::{Error, Result};

@@ -2,9 +2,9 @@
 
 use std::ops::Range;
 
+use super::Grad;
 use super::ParamSet;
 use crate::error::{Error, Result};
-use crate::layers::grads::Grad;
 
 /// A flat `f32` vector kept as consecutive chunks, each its own `Vec`, so that one chunk
 /// (a DDP bucket, a parameter-server shard) can be handed to an asynchronous collective and

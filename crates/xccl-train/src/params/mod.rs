@@ -14,7 +14,9 @@ use candle_core::{Tensor, Var};
 use crate::error::{Error, Result};
 
 mod chunks;
+pub mod grad;
 pub use chunks::Chunks;
+pub use grad::Grad;
 
 /// How a parameter is divided over the tensor-parallel group.
 ///
