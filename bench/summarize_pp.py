@@ -11,7 +11,8 @@ summary.json (`step_seconds`, `losses`, `final_loss`, `params`, `pipeline.bubble
 per_rank[i].stage) may be missing: it prints "n/a" then.
 Step times are what each side reports: PyTorch's mean step (the slowest rank's, per step)
 over the timed steps after its warm-up, xccl's `step_seconds` (its mean over the steps after
-each rank's first). The closed-form bubble is (P - 1) / (V M + P - 1).
+each rank's first). The closed-form bubble is (P - 1) / (V M + P - 1); ZB-H1's
+(P - 1 + max(P - M, 0)) / (3 M + P - 1 + max(P - M, 0)).
 """
 
 import glob
@@ -94,7 +95,7 @@ def main(out):
     print("xccl / PyTorch < 1 means xccl is faster. Bubble = 1 - busy / span per rank, mean over ranks (span: from the")
     print("step's start to the rank's last backward; PyTorch: busy = time in forward_one_chunk/backward_one_chunk, so its")
     print("own scheduling and p2p work count as bubble; xccl: summary.json's pipeline.bubble_measured); closed form")
-    print("(P - 1) / (V M + P - 1). Loss = first -> last (PyTorch: means of the first and last 5 timed steps).")
+    print("(P - 1) / (V M + P - 1), ZB-H1 (P - 1) / (3 M + P - 1) for M >= P. Loss = first -> last (PyTorch: means of the first and last 5 timed steps).")
     print()
     print("| config | schedule | P | V | M | params | PyTorch step (ms) | xccl step (ms) | xccl / PyTorch | PyTorch bubble | xccl bubble | closed form | PyTorch loss | xccl loss | runs (torch/xccl) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
