@@ -207,16 +207,18 @@ impl Strategy for Ddp<'_> {
 }
 
 /// One optimiser step over the parameters in `set`, chunk by chunk of `grads` (each
-/// covers whole parameters): read, update, written back.
+/// covers whole parameters), one parameter at a time: a copy of its values updated in
+/// cache and made its new value.
 pub(crate) fn step_in_place(set: &ParamSet, optimizer: &mut Optimizer, grads: &Chunks) -> Result<()> {
     if grads.len() != set.len() || optimizer.len() != set.len() {
         return Err(Error::internal("the optimizer, gradients and parameters differ in length"));
     }
     optimizer.begin_step();
     for (range, g) in grads.iter() {
-        let mut p = set.read_range(range.clone())?;
-        optimizer.update(range.start, &mut p, g)?;
-        set.write_range(range.start, &p)?;
+        set.update_range(range.clone(), |at, p| {
+            let g = &g[at - range.start..at - range.start + p.len()];
+            optimizer.update(at, p, g)
+        })?;
     }
     Ok(())
 }

@@ -103,6 +103,7 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod pipeline;
+pub mod product;
 pub mod ps;
 pub mod run;
 mod strategy;

@@ -30,6 +30,9 @@
 use candle_core::Tensor;
 
 use crate::params::{Grad, Param};
+use crate::product::{Matrix, product};
+
+use super::ops;
 
 /// Work that computes the gradients of some parameters.
 type Compute = Box<dyn FnOnce() -> candle_core::Result<Vec<(Param, Tensor)>> + Send>;
@@ -107,12 +110,16 @@ impl Deferred {
 /// The gradient of a linear layer's input: `gy · W` for `gy` `[.., outputs]` and `W`
 /// `[outputs, inputs]`, shaped `[.., inputs]`.
 pub fn linear_grad_input(gy: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
-    let (_, inputs) = weight.dims2()?;
+    let (outputs, inputs) = weight.dims2()?;
     let mut dims = gy.dims().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = inputs;
     }
-    let gy = gy.contiguous()?;
-    let n = gy.elem_count() / weight.dim(0)?.max(1);
-    gy.reshape((n, weight.dim(0)?))?.matmul(weight)?.reshape(dims)
+    let n = gy.elem_count() / outputs.max(1);
+    let gx = ops::with_values("a linear layer's backward", gy, |gy| {
+        ops::with_values("a linear layer's backward", weight, |w| {
+            product(Matrix::new(gy, n, outputs), Matrix::new(w, outputs, inputs))
+        })
+    })?;
+    Tensor::from_vec(gx, dims, gy.device())
 }

@@ -19,6 +19,7 @@ use rand_distr::{Distribution, Normal};
 
 use crate::error::{Error, Result};
 use crate::params::{Param, Shard};
+use crate::product::{self, Matrix, Output};
 use grads::{Deferred, linear_grad_input};
 
 /// Creates parameters from a seeded generator, so every process builds identical ones
@@ -157,22 +158,33 @@ impl Linear {
     }
 
     /// The output for `x` without an autograd graph; its backward needs `x`. Computed as
-    /// `x · Wᵀ`, the output row-major as it comes out of the product (the weight enters
-    /// transposed, which the product reads in place).
+    /// `b + x · Wᵀ` in one product whose output starts as the bias in every row, row-major
+    /// as it comes out (the weight enters transposed, which the product reads in place).
     pub fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let weight = self.weight.tensor().detach();
+        let weight = self.weight.tensor();
         let (outputs, inputs) = weight.dims2()?;
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / inputs.max(1);
-        let y = x.contiguous()?.reshape((rows, inputs))?.matmul(&weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => ops::bias_add(&y, &b.tensor().detach())?,
-            None => y,
-        };
+        let y = ops::with_values("a linear layer", x, |x| {
+            ops::with_values("a linear layer", &weight, |w| {
+                let (x, wt) = (Matrix::new(x, rows, inputs), Matrix::new(w, outputs, inputs).t());
+                match &self.bias {
+                    // The bias in every row first, the product added to it: no zeroed
+                    // output and no separate pass for the bias.
+                    Some(b) => ops::with_values("a linear layer", &b.tensor(), |b| {
+                        let mut y = Vec::with_capacity(rows * outputs);
+                        (0..rows).for_each(|_| y.extend_from_slice(b));
+                        product::product_into(&mut y, x, wt, Output::Add)?;
+                        Ok(y)
+                    }),
+                    None => product::product(x, wt),
+                }
+            })
+        })?;
         if let Some(last) = dims.last_mut() {
             *last = outputs;
         }
-        y.reshape(dims)
+        Tensor::from_vec(y, dims, x.device())
     }
 
     /// The gradient of the input from the output's gradient `gy`; the weight's and bias's

@@ -8,7 +8,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use crate::layers::ops::{same_len, values};
+use crate::layers::ops::{exp, same_len, values};
 use crate::layers::par;
 
 /// `softmax(scale · scores)` over the last dimension of `scores` `[.., t, t]`, with the
@@ -56,7 +56,7 @@ impl CustomOp1 for CausalSoftmax {
                 // The maximum of scale·x is scale·max(x) for scale > 0, scale·min(x) otherwise.
                 let m = xr.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(scale * v));
                 let start = y.len();
-                y.extend(xr.iter().map(|&v| (scale * v - m).exp()));
+                y.extend(xr.iter().map(|&v| exp(scale * v - m)));
                 let inv = 1.0 / y[start..].iter().sum::<f32>();
                 y[start..].iter_mut().for_each(|y| *y *= inv);
                 y.extend(std::iter::repeat_n(0.0, t - i - 1));

@@ -3,6 +3,8 @@
 
 use candle_core::{CpuStorage, Layout, Tensor};
 
+use crate::product::{Matrix, Output, product_into};
+
 /// A parameter's gradient as a backward hands it over: computed, or the product of a
 /// linear layer's weight, `gyᵀ·x`, left to whoever stores it, which adds it straight into
 /// its gradient buffer ([`Grad::add_to`]: no tensor of its own, no zero fill, no separate
@@ -71,49 +73,7 @@ pub fn accumulate_product(
     m: usize,
     k: usize,
 ) -> candle_core::Result<()> {
-    if gy.len() != n * m || x.len() != n * k || dst.len() != m * k {
-        candle_core::bail!(
-            "product of [{n}, {m}]ᵀ and [{n}, {k}] into {} elements from {} and {}",
-            dst.len(),
-            gy.len(),
-            x.len()
-        );
-    }
-    if dst.is_empty() {
-        return Ok(());
-    }
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: the three slices hold exactly the elements the strides below reach, as
-    // checked above: dst is [m, k] row-major (row stride k, column stride 1); the left
-    // operand gyᵀ is [m, n] read from gy's [n, m] row-major elements (its row stride 1,
-    // column stride m); the right operand x is [n, k] row-major (row stride k, column
-    // stride 1). dst does not alias gy or x (a unique borrow). With read_dst, alpha = 1 and
-    // beta = 1 the kernel computes dst = dst + gyᵀ·x.
-    unsafe {
-        gemm::gemm(
-            m,
-            k,
-            n,
-            dst.as_mut_ptr(),
-            1,
-            k as isize,
-            true,
-            gy.as_ptr(),
-            m as isize,
-            1,
-            x.as_ptr(),
-            1,
-            k as isize,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-    Ok(())
+    product_into(dst, Matrix::new(gy, n, m).t(), Matrix::new(x, n, k), Output::Add)
 }
 
 /// `x` `[.., inputs]` as rows `[rows, inputs]`.

@@ -208,6 +208,12 @@ impl Param {
     /// Sets its value from `values` (this rank's shape, row-major), in a new variable (one
     /// copy of `values`): whatever held the old value (a saved graph) keeps it.
     pub fn set(&self, values: &[f32]) -> Result<()> {
+        self.replace(values.to_vec())
+    }
+
+    /// Sets its value to `values` (this rank's shape, row-major), moved into a new variable
+    /// without a copy: whatever held the old value (a saved graph) keeps it.
+    pub fn replace(&self, values: Vec<f32>) -> Result<()> {
         let n: usize = self.shape.iter().product();
         if values.len() != n {
             return Err(Error::internal(format!(
@@ -216,7 +222,7 @@ impl Param {
                 self.name
             )));
         }
-        let var = Var::from_slice(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
+        let var = Var::from_vec(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
         *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = var;
         Ok(())
     }
@@ -259,6 +265,23 @@ impl Slot {
     /// Its elements in the full flat vector.
     pub fn full_range(&self) -> Range<usize> {
         self.full_offset..self.full_offset + self.param.full_shape.iter().product::<usize>()
+    }
+
+    /// `f` of its current values (resident, contiguous f32), read in place.
+    fn with_values<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        let t = self.param.tensor();
+        let (storage, layout) = t.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b)))
+                if b - a == self.range().len() =>
+            {
+                Ok(f(&v[a..b]))
+            }
+            _ => Err(Error::internal(format!(
+                "parameter {} is not a resident contiguous f32 tensor",
+                self.param.name
+            ))),
+        }
     }
 }
 
@@ -482,27 +505,38 @@ impl ParamSet {
         for s in &self.slots {
             let r = s.range();
             let (from, to) = (range.start.max(r.start), range.end.min(r.end));
-            if from >= to {
-                continue;
+            if from < to {
+                s.with_values(|values| out.extend_from_slice(&values[from - r.start..to - r.start]))?;
             }
-            let t = s.param.tensor();
-            let (storage, layout) = t.storage_and_layout();
-            let values = match (&*storage, layout.contiguous_offsets()) {
-                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b)))
-                    if b - a == r.len() =>
-                {
-                    &v[a..b]
-                }
-                _ => {
-                    return Err(Error::internal(format!(
-                        "parameter {} is not a resident contiguous f32 tensor",
-                        s.param.name
-                    )));
-                }
-            };
-            out.extend_from_slice(&values[from - r.start..to - r.start]);
         }
         Ok(out)
+    }
+
+    /// Gives every parameter whose elements lie in `range` of this rank's flat vector (whole
+    /// parameters only) a new value: `f(offset, values)` changes a copy of its values (the
+    /// elements from `offset` of the flat vector), which then becomes its value without
+    /// another copy. The copy is made one parameter at a time, so `f` works on it in cache.
+    pub fn update_range(
+        &self,
+        range: Range<usize>,
+        mut f: impl FnMut(usize, &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        for s in &self.slots {
+            let r = s.range();
+            if r.end <= range.start || r.start >= range.end {
+                continue;
+            }
+            if r.start < range.start || r.end > range.end {
+                return Err(Error::internal(format!(
+                    "elements {range:?} cover parameter {} ({r:?}) only in part",
+                    s.param.name
+                )));
+            }
+            let mut values = s.with_values(<[f32]>::to_vec)?;
+            f(r.start, &mut values)?;
+            s.param.replace(values)?;
+        }
+        Ok(())
     }
 
     /// Sets the parameters whose elements are `at .. at + values.len()` of this rank's flat
