@@ -231,9 +231,33 @@ impl CustomOp2 for GeluGrad {
 /// Mean and 1/√(var + ε) of a row.
 fn moments(row: &[f32]) -> (f32, f32) {
     let n = row.len() as f32;
-    let mean = row.iter().sum::<f32>() / n;
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let mean = lane_sum(row, row, row, |v, _, _| v) / n;
+    let var = lane_sum(row, row, row, |v, _, _| (v - mean) * (v - mean)) / n;
     (mean, 1.0 / (var + EPS).sqrt())
+}
+
+/// Lanes of [`lane_sum`]: independent partial sums, enough for the compiler to keep them
+/// in vector registers (a single running sum is a chain of dependent additions).
+const LANES: usize = 8;
+
+/// `Σ f(a[i], b[i], c[i])` over the shortest of the three, in [`LANES`] interleaved
+/// partial sums added in a fixed order at the end: vectorisable, and the same bits on
+/// every run and thread count.
+#[inline(always)]
+fn lane_sum(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let n = a.len().min(b.len()).min(c.len());
+    let (a, b, c) = (&a[..n], &b[..n], &c[..n]);
+    let mut acc = [0.0f32; LANES];
+    let chunks = a.chunks_exact(LANES).zip(b.chunks_exact(LANES)).zip(c.chunks_exact(LANES));
+    for ((ca, cb), cc) in chunks {
+        for (((s, &x), &y), &z) in acc.iter_mut().zip(ca).zip(cb).zip(cc) {
+            *s += f(x, y, z);
+        }
+    }
+    let full = n - n % LANES;
+    let tail: f32 = (full..n).map(|i| f(a[i], b[i], c[i])).sum();
+    let [s0, s1, s2, s3, s4, s5, s6, s7] = acc;
+    ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)) + tail
 }
 
 struct LayerNorm;
@@ -304,11 +328,8 @@ impl CustomOp3 for LayerNormGradInput {
             let span = r.start * c..r.end * c;
             for (row, grow) in x[span.clone()].chunks_exact(c).zip(g[span].chunks_exact(c)) {
                 let (mean, rstd) = moments(row);
-                let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
-                for ((&v, &g), &w) in row.iter().zip(grow).zip(w) {
-                    sum_g += g * w;
-                    sum_gx += g * w * (v - mean) * rstd;
-                }
+                let sum_g = lane_sum(grow, w, w, |g, w, _| g * w);
+                let sum_gx = lane_sum(row, grow, w, |v, g, w| g * w * (v - mean) * rstd);
                 let n = c as f32;
                 let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
                 dx.extend(
