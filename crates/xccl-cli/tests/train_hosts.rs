@@ -1,0 +1,82 @@
+//! `xccl train` across two emulated hosts (`bench/cluster.sh`: network namespaces with
+//! their own addresses, ranks of one host on shared memory, hosts over TCP), against one
+//! process: tensor and sequence parallelism split over the hosts, a zero-bubble pipeline
+//! whose stages are on different hosts, and ZeRO stage 3 over the hosts end with the
+//! parameters of the single-process run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[allow(dead_code)]
+#[path = "../../xccl/tests/common/cluster.rs"]
+mod cluster;
+mod common;
+
+use common::{run_ok, text};
+use xccl_train::checkpoint::{DIR_NAME, read_params};
+
+const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
+
+/// A tiny model and task (batch 8: two micro-batches of 2 rows per pipeline replica), 20
+/// steps.
+const TINY: &[&str] = &[
+    "--digits", "2", "--width", "16", "--layers", "1", "--heads", "2", "--batch", "8", "--lr", "1e-3",
+    "--steps", "20",
+];
+
+fn out_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("xccl-train-hosts-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
+    read_params(&out.join(DIR_NAME)).unwrap_or_else(|e| panic!("checkpoint in {}: {e}", out.display()))
+}
+
+/// Largest |a - b| over largest |b|, over every parameter (the same names in both).
+fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "parameter names");
+    let (mut diff, mut scale) = (0.0f64, 0.0f64);
+    for (name, x) in a {
+        for (p, q) in x.iter().zip(&b[name]) {
+            diff = diff.max(f64::from((p - q).abs()));
+            scale = scale.max(f64::from(q.abs()));
+        }
+    }
+    diff / scale.max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn training_across_two_emulated_hosts_matches_a_single_process() {
+    let c = match cluster::Cluster::up(&format!("tr{}", std::process::id() % 10000), &["--hosts", "2"]) {
+        Ok(c) => c,
+        Err(why) => return common::require::skip("netns", why),
+    };
+    let single = out_dir("single");
+    run_ok(Command::new(XCCL).arg("train").args(TINY).args(["--dp", "1", "--out"]).arg(&single));
+    let reference = params(&single);
+    for (name, ranks_per_host, args) in [
+        // The tensor-parallel pair split over the hosts.
+        ("tp-sp", 1, &["--dp", "1", "--tp", "2", "--sp"][..]),
+        // Each stage a tensor-parallel pair on one host, the pipeline between the hosts.
+        (
+            "tp-sp-zb",
+            2,
+            &["--dp", "1", "--tp", "2", "--sp", "--pp", "2", "--micro-batches", "2", "--schedule", "zb-h1"],
+        ),
+        // ZeRO-3's gathers and reduce-scatters over the hosts.
+        ("zero3", 1, &["--dp", "2", "--zero", "3"]),
+    ] {
+        let dir = out_dir(name);
+        let out_flag = dir.display().to_string();
+        let cmd: Vec<&str> = [&[XCCL, "train"], TINY, args, &["--out", &out_flag]].concat();
+        let out = c.launch(ranks_per_host, &[("XCCL_TIMEOUT", "60")], &cmd);
+        assert!(out.status.success(), "{name} on 2 hosts x {ranks_per_host}: {}", text(&out));
+        let d = rel_diff(&params(&dir), &reference);
+        assert!(d < 1e-5, "{name} on 2 hosts: relative difference {d:e} from the single-process run");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    std::fs::remove_dir_all(single).unwrap();
+}
