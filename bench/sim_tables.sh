@@ -8,8 +8,9 @@
 #   ALGOS_4096=rabenseifner,recursive_doubling,dbtree,reduce_broadcast bash bench/sim_tables.sh
 #
 # One rank per host; every algorithm runs on its own, stopped after LIMIT seconds (then the
-# table says so; `xccl sim` itself skips algorithms beyond its ordering budget). The wall
-# time is the sum over the algorithms. Uses the release binary (cargo build --release -p xccl-cli).
+# table says so; `xccl sim` itself skips algorithms beyond its fluid budget: `direct` from 256
+# ranks, whose n(n-1) flows are in flight at once). The wall time is the sum over the
+# algorithms. Uses the release binary (cargo build --release -p xccl-cli).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/xccl}
@@ -68,7 +69,7 @@ for line in open(log):
     elif len(f) >= 6 and f[2].replace(".", "").isdigit():
         rows.append((int(f[0]), f[1], float(f[2]), float(f[4]), float(f[5])))
     else:
-        skipped.add(f[1] + " skipped (ordering budget)")
+        skipped.add(f[1] + " skipped (fluid budget)")
 cells = []
 for size in sorted({r[0] for r in rows}):
     here = [r for r in rows if r[0] == size]

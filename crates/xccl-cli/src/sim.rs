@@ -46,9 +46,8 @@ pub struct SimArgs {
     /// TCP latency for `measured`, 1 µs otherwise).
     #[arg(long)]
     pub alpha_us: Option<f64>,
-    /// Show the tuner's pick beside the simulator's best (`auto`: up to 1024 ranks; the
-    /// tuner costs every rank's schedule of every algorithm, which takes minutes and
-    /// gigabytes at 4096 ranks).
+    /// Show the tuner's pick beside the simulator's best (`auto`: up to 4096 ranks; the
+    /// tuner costs every rank's schedule of every algorithm, about 10 s at 4096 ranks).
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub pick: String,
     /// Write a heat map of the links' load (the largest size, the best algorithm) here.
@@ -152,7 +151,7 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
             let want_pick = match args.pick.as_str() {
                 "always" => true,
                 "never" => false,
-                _ => n <= 1024,
+                _ => n <= 4096,
             };
             let pick = want_pick.then(|| tuner_pick(&topo, &costs, &placement, kind, bytes)).flatten();
             let verdict = match pick {

@@ -16,18 +16,19 @@
 //!   closed form without simulating each segment.
 
 use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 use xccl::CollKind;
 use xccl::algo::tune::CostModel;
 use xccl::algo::{self, Algorithm, Shape};
-use xccl::schedule::order::{Follow, StepOrder};
-use xccl::schedule::{Op, Program};
+use xccl::schedule::Step;
+use xccl::schedule::order::Follow;
 
 use crate::network::Fluid;
+use crate::ordering::{Orderer, Orders};
 use crate::queue::Queue;
+use crate::table::{COp, Kind, Table};
 use crate::topology::Topology;
 
 /// Bytes of a forwarding segment: the executor's (`XCCL_SEGMENT_BYTES`' default).
@@ -42,127 +43,6 @@ pub struct Outcome {
     pub messages: u64,
     /// Bytes carried by each link of the topology.
     pub carried: Vec<f64>,
-}
-
-/// The distinct steps of all ranks, compactly (the programs of thousands of ranks must fit):
-/// a step is stored once however many ranks run it (ring-like schedules repeat a handful of
-/// step shapes), and each rank keeps only the index of each of its steps.
-#[derive(Default)]
-struct Table {
-    /// Per distinct step, the index of its first operation and of its first `(op, how)`
-    /// pair; one more at the end.
-    steps: Vec<(u32, u32)>,
-    ops: Vec<COp>,
-    /// `(op, how)` pairs: per operation the earlier ones it follows (its `deps` range), and
-    /// the later ones that follow it (its `rev` range), indices within the step.
-    deps: Vec<(u32, Follow)>,
-    /// Step indices by a hash of their content.
-    index: FxHashMap<u64, Vec<u32>>,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Send,
-    Recv { reduce: bool },
-    Copy,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-struct COp {
-    kind: Kind,
-    peer: u32,
-    bytes: f64,
-    deps: (u32, u32),
-    rev: (u32, u32),
-}
-
-impl Table {
-    fn new() -> Table {
-        Table { steps: vec![(0, 0)], ..Table::default() }
-    }
-
-    /// The operations of step `s`, and where its `(op, how)` pairs begin.
-    fn step(&self, s: u32) -> (usize, usize, usize) {
-        let ((a, d), (b, _)) = (self.steps[s as usize], self.steps[s as usize + 1]);
-        (a as usize, b as usize, d as usize)
-    }
-
-    /// The `(op, how)` pairs of step `s` in range `r` (an operation's `deps` or `rev`).
-    fn pairs(&self, s: u32, r: (u32, u32)) -> &[(u32, Follow)] {
-        let d = self.steps[s as usize].1 as usize;
-        &self.deps[d + r.0 as usize..d + r.1 as usize]
-    }
-
-    /// Adds `p`'s steps (those not stored yet) and returns their indices.
-    fn add(&mut self, p: &Program, esize: usize) -> Result<Vec<u32>, String> {
-        let mut ids = Vec::with_capacity(p.steps.len());
-        for step in &p.steps {
-            let order = StepOrder::of(step, false)?;
-            let (op0, dep0) = (self.ops.len(), self.deps.len());
-            // Appended tentatively; dropped again when an equal step is stored.
-            let mut rev: Vec<Vec<(u32, Follow)>> = vec![Vec::new(); step.ops.len()];
-            for (j, op) in step.ops.iter().enumerate() {
-                let start = (self.deps.len() - dep0) as u32;
-                for &(i, how) in order.follows(j) {
-                    self.deps.push((i as u32, how));
-                    rev[i].push((j as u32, how));
-                }
-                let deps = (start, (self.deps.len() - dep0) as u32);
-                let (kind, peer, len) = match *op {
-                    Op::Send { peer, src } => (Kind::Send, peer, src.len),
-                    Op::Recv { peer, dst, with } => (Kind::Recv { reduce: with.is_some() }, peer, dst.len),
-                    Op::Copy { dst, .. } => (Kind::Copy, 0, dst.len),
-                };
-                self.ops.push(COp {
-                    kind,
-                    peer: peer as u32,
-                    bytes: (len * esize) as f64,
-                    deps,
-                    rev: (0, 0),
-                });
-            }
-            for (j, r) in rev.iter().enumerate() {
-                let start = (self.deps.len() - dep0) as u32;
-                self.deps.extend_from_slice(r);
-                self.ops[op0 + j].rev = (start, (self.deps.len() - dep0) as u32);
-            }
-            let mut h = rustc_hash::FxHasher::default();
-            for op in &self.ops[op0..] {
-                let k = match op.kind {
-                    Kind::Send => 0u8,
-                    Kind::Recv { reduce } => 1 + u8::from(reduce),
-                    Kind::Copy => 3,
-                };
-                (k, op.peer, op.bytes.to_bits(), op.deps, op.rev).hash(&mut h);
-            }
-            for &(i, how) in &self.deps[dep0..] {
-                (i, how as u8).hash(&mut h);
-            }
-            let key = h.finish();
-            let (new_ops, new_deps) = (&self.ops[op0..], &self.deps[dep0..]);
-            let found = self.index.get(&key).and_then(|c| {
-                c.iter().copied().find(|&s| {
-                    let (a, b, d) = self.step(s);
-                    let e = self.steps[s as usize + 1].1 as usize;
-                    self.ops[a..b] == *new_ops && self.deps[d..e] == *new_deps
-                })
-            });
-            match found {
-                Some(s) => {
-                    self.ops.truncate(op0);
-                    self.deps.truncate(dep0);
-                    ids.push(s);
-                }
-                None => {
-                    let s = (self.steps.len() - 1) as u32;
-                    self.steps.push((self.ops.len() as u32, self.deps.len() as u32));
-                    self.index.entry(key).or_default().push(s);
-                    ids.push(s);
-                }
-            }
-        }
-        Ok(ids)
-    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -251,12 +131,24 @@ pub fn simulate(
     if let Some(&h) = placement.iter().find(|&&h| h >= topo.hosts) {
         return Err(format!("rank placed on host {h} of a topology of {} hosts", topo.hosts));
     }
+    let mut orderer = Orderer::default();
+    simulate_ordered(topo, costs, placement, call, &mut |s, o| orderer.order(s, o))
+}
+
+/// [`simulate`] with the orderings of each step made by `order`.
+pub(crate) fn simulate_ordered(
+    topo: &Topology,
+    costs: &CostModel,
+    placement: &[usize],
+    call: &Call,
+    order: &mut dyn FnMut(&Step, &mut Orders) -> Result<(), String>,
+) -> Result<Outcome, String> {
     let mut table = Table::new();
     let progs = (0..placement.len())
         .map(|r| {
             let p = algo::build(call.kind, call.algo, r, placement, call.root, &call.shape)
                 .map_err(|e| e.to_string())?;
-            table.add(&p, call.esize)
+            table.add(&p, (r, placement.len()), call.esize, order)
         })
         .collect::<Result<Vec<_>, String>>()?;
     Sim::new(topo, costs, placement, table, progs).run()
@@ -270,8 +162,8 @@ struct Sim<'a> {
     costs: &'a CostModel,
     placement: &'a [usize],
     table: Table,
-    /// Per rank, its steps (indices in `table`).
-    progs: Vec<Vec<u32>>,
+    /// Per rank, its steps as runs of `(step index in `table`, times)`.
+    progs: Vec<Vec<(u32, u32)>>,
     now: f64,
     queue: Queue<Ev>,
     /// Events due now, in the order they were scheduled (after those of the heap, which
@@ -283,8 +175,9 @@ struct Sim<'a> {
     free: Vec<usize>,
     /// Messages sent so far.
     sent_count: u64,
-    /// Per rank: current step, operations left in it, processor free from, the step's ops.
-    step: Vec<usize>,
+    /// Per rank: current step (its run and how many of the run's steps are done),
+    /// operations left in it, processor free from, the step's ops.
+    step: Vec<(u32, u32)>,
     left: Vec<u32>,
     /// Per rank, its current step's index in the table and its first operation there.
     cur: Vec<(u32, u32)>,
@@ -306,7 +199,7 @@ impl<'a> Sim<'a> {
         costs: &'a CostModel,
         placement: &'a [usize],
         table: Table,
-        progs: Vec<Vec<u32>>,
+        progs: Vec<Vec<(u32, u32)>>,
     ) -> Sim<'a> {
         let n = progs.len();
         // The topology's links, then one memory link per host.
@@ -325,7 +218,7 @@ impl<'a> Sim<'a> {
             msgs: Vec::new(),
             free: Vec::new(),
             sent_count: 0,
-            step: vec![0; n],
+            step: vec![(0, 0); n],
             left: vec![0; n],
             cur: vec![(0, 0); n],
             cpu: vec![0.0; n],
@@ -372,9 +265,8 @@ impl<'a> Sim<'a> {
                 }
                 (_, Some(tf)) => {
                     self.now = self.now.max(tf);
-                    for tag in self.fluid.take_finished(self.now) {
-                        let m = tag as usize;
-                        self.flow_ended(m);
+                    while let Some(tag) = self.fluid.pop_finished(self.now) {
+                        self.flow_ended(tag as usize);
                     }
                 }
                 (Some(_), None) => unreachable!("covered above"),
@@ -383,7 +275,7 @@ impl<'a> Sim<'a> {
         }
         if self.finished < self.progs.len() {
             let stuck: Vec<usize> =
-                (0..self.progs.len()).filter(|&r| self.step[r] < self.progs[r].len()).collect();
+                (0..self.progs.len()).filter(|&r| (self.step[r].0 as usize) < self.progs[r].len()).collect();
             return Err(format!(
                 "the schedule deadlocks: ranks {:?} never finish (a receive without its send?)",
                 &stuck[..stuck.len().min(8)]
@@ -398,15 +290,14 @@ impl<'a> Sim<'a> {
     fn enter_step(&mut self, r: u32) {
         let ri = r as usize;
         loop {
-            let s = self.step[ri];
-            let Some(&id) = self.progs[ri].get(s) else {
+            let Some(&(id, _)) = self.progs[ri].get(self.step[ri].0 as usize) else {
                 self.finished += 1;
                 return;
             };
-            let (a, b, _) = self.table.step(id);
+            let (a, b) = self.table.step(id);
             self.cur[ri] = (id, a as u32);
             if a == b {
-                self.step[ri] += 1;
+                self.advance(ri);
                 continue;
             }
             self.left[ri] = (b - a) as u32;
@@ -426,6 +317,15 @@ impl<'a> Sim<'a> {
                 }
             }
             return;
+        }
+    }
+
+    /// Rank `ri` is done with its current step.
+    fn advance(&mut self, ri: usize) {
+        let (run, done) = &mut self.step[ri];
+        *done += 1;
+        if *done == self.progs[ri][*run as usize].1 {
+            (*run, *done) = (*run + 1, 0);
         }
     }
 
@@ -467,13 +367,14 @@ impl<'a> Sim<'a> {
         let ri = r as usize;
         self.runs[ri][j as usize].state = State::Running;
         let op = self.op(r, j);
+        let peer = ((r as usize + op.peer as usize) % self.progs.len()) as u32;
         match op.kind {
             Kind::Copy => {
                 let t = self.now + op.bytes * self.costs.shm.delta;
                 self.at(t, Ev::End { rank: r, op: j });
             }
             Kind::Send => {
-                let (hs, hd) = (self.placement[ri], self.placement[op.peer as usize]);
+                let (hs, hd) = (self.placement[ri], self.placement[peer as usize]);
                 let alpha = if hs == hd { self.costs.shm.alpha } else { self.costs.tcp.alpha };
                 let (route, lat, bottleneck) = self.route(hs, hd);
                 let m = self.free.pop().unwrap_or(self.msgs.len());
@@ -481,7 +382,7 @@ impl<'a> Sim<'a> {
                 let send_op = j;
                 let msg = Msg {
                     src: r,
-                    dst: op.peer,
+                    dst: peer,
                     bytes: op.bytes,
                     send_op,
                     route,
@@ -499,7 +400,7 @@ impl<'a> Sim<'a> {
                 } else {
                     self.msgs[m] = msg;
                 }
-                let key = (r, op.peer);
+                let key = (r, peer);
                 if let Some(recv) = self.waiting.get_mut(&key).and_then(VecDeque::pop_front) {
                     self.msgs[m].recv_op = Some(recv);
                 } else {
@@ -510,7 +411,7 @@ impl<'a> Sim<'a> {
                 self.at(t, Ev::Inject { msg: m });
             }
             Kind::Recv { .. } => {
-                let key = (op.peer, r);
+                let key = (peer, r);
                 match self.unclaimed.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(m) => {
                         self.msgs[m].recv_op = Some(j);
@@ -661,7 +562,7 @@ impl<'a> Sim<'a> {
         }
         self.left[ri] -= 1;
         if self.left[ri] == 0 {
-            self.step[ri] += 1;
+            self.advance(ri);
             self.enter_step(r);
         }
     }

@@ -31,10 +31,12 @@
 
 pub mod engine;
 pub mod network;
+mod ordering;
 mod queue;
 pub mod report;
 pub mod spec;
 pub mod sweep;
+mod table;
 pub mod timeline;
 pub mod topology;
 

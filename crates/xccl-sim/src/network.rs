@@ -21,9 +21,10 @@ struct Flow {
     tag: u64,
 }
 
-/// A time with an index, ordered earliest (or smallest) first in a max-heap.
+/// A link's fair share with its index in the refill's table, ordered smallest (then lowest
+/// index) first in a max-heap.
 #[derive(Debug, PartialEq)]
-struct Least(f64, usize, u32);
+struct Least(f64, u32);
 
 impl Eq for Least {}
 
@@ -36,6 +37,83 @@ impl PartialOrd for Least {
 impl Ord for Least {
     fn cmp(&self, other: &Self) -> Ordering {
         other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
+    }
+}
+
+/// No position.
+const NONE: u32 = u32::MAX;
+
+/// The flows' end times, earliest first (on a tie the lower id), each flow at most once: a
+/// binary heap that knows where each flow sits, so a new rate moves its entry instead of
+/// leaving a stale one behind (a refill of thousands of flows would leave thousands).
+#[derive(Debug, Default)]
+struct Ends {
+    heap: Vec<(f64, u32)>,
+    /// Per flow, its place in `heap`, or `NONE`.
+    at: Vec<u32>,
+}
+
+impl Ends {
+    fn before(a: (f64, u32), b: (f64, u32)) -> bool {
+        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).is_lt()
+    }
+
+    fn first(&self) -> Option<(f64, u32)> {
+        self.heap.first().copied()
+    }
+
+    /// Flow `id` ends at `t`.
+    fn set(&mut self, id: u32, t: f64) {
+        if self.at.len() <= id as usize {
+            self.at.resize(id as usize + 1, NONE);
+        }
+        let i = match self.at[id as usize] {
+            NONE => {
+                self.heap.push((t, id));
+                self.heap.len() - 1
+            }
+            i => {
+                self.heap[i as usize].0 = t;
+                i as usize
+            }
+        };
+        self.place(i);
+    }
+
+    /// Flow `id` ends at no time.
+    fn remove(&mut self, id: u32) {
+        let i = std::mem::replace(&mut self.at[id as usize], NONE) as usize;
+        let last = self.heap.len() - 1;
+        self.heap.swap(i, last);
+        self.heap.pop();
+        if i < last {
+            self.place(i);
+        }
+    }
+
+    /// Moves the entry at `i` up or down to where it belongs.
+    fn place(&mut self, mut i: usize) {
+        while i > 0 && Self::before(self.heap[i], self.heap[(i - 1) / 2]) {
+            self.heap.swap(i, (i - 1) / 2);
+            self.at[self.heap[i].1 as usize] = i as u32;
+            i = (i - 1) / 2;
+        }
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            for c in [l, r] {
+                if c < self.heap.len() && Self::before(self.heap[c], self.heap[m]) {
+                    m = c;
+                }
+            }
+            if m == i {
+                break;
+            }
+            self.heap.swap(i, m);
+            self.at[self.heap[i].1 as usize] = i as u32;
+            i = m;
+        }
+        self.at[self.heap[i].1 as usize] = i as u32;
     }
 }
 
@@ -57,11 +135,17 @@ pub struct Fluid {
     /// A link's index in the refill's table.
     link_pos: Vec<u32>,
     flow_mark: Vec<bool>,
-    /// Per slot, bumped whenever its flow's rate changes or it ends: older entries of the
-    /// end heap are stale.
-    version: Vec<u32>,
-    ends: BinaryHeap<Least>,
+    ends: Ends,
     live: usize,
+    /// The refill's tables, kept between refills: the components' links, a component's
+    /// flows, the search's stack, each link's capacity left and unfixed flows, the shares,
+    /// and the links a fixed flow crossed.
+    links: Vec<u32>,
+    comp: Vec<usize>,
+    stack: Vec<u32>,
+    residual: Vec<(u32, f64, u32)>,
+    shares: BinaryHeap<Least>,
+    touched: Vec<u32>,
     /// Bytes carried per link so far.
     pub carried: Vec<f64>,
 }
@@ -79,9 +163,14 @@ impl Fluid {
             link_mark: vec![false; n],
             link_pos: vec![0; n],
             flow_mark: Vec::new(),
-            version: Vec::new(),
-            ends: BinaryHeap::new(),
+            ends: Ends::default(),
             live: 0,
+            links: Vec::new(),
+            comp: Vec::new(),
+            stack: Vec::new(),
+            residual: Vec::new(),
+            shares: BinaryHeap::new(),
+            touched: Vec::new(),
             carried: vec![0.0; n],
         }
     }
@@ -92,7 +181,6 @@ impl Fluid {
         let id = self.free.pop().unwrap_or_else(|| {
             self.flows.push(None);
             self.flow_mark.push(false);
-            self.version.push(0);
             self.flows.len() - 1
         });
         for &l in route.iter() {
@@ -120,42 +208,27 @@ impl Fluid {
         if !self.dirty.is_empty() {
             self.refill(now);
         }
-        while let Some(Least(t, id, v)) = self.ends.peek() {
-            if self.flows[*id].is_some() && self.version[*id] == *v {
-                return t.is_finite().then_some(*t);
-            }
-            self.ends.pop();
-        }
-        None
+        self.ends.first().map(|e| e.0).filter(|t| t.is_finite())
     }
 
-    /// Removes the flows that have ended by `now` and returns their tags.
-    pub fn take_finished(&mut self, now: f64) -> Vec<u64> {
-        let mut done = Vec::new();
-        while let Some(Least(t, id, v)) = self.ends.peek() {
-            let (t, id, v) = (*t, *id, *v);
-            if t > now {
-                break;
-            }
-            self.ends.pop();
-            if self.version[id] != v {
-                continue;
-            }
-            if let Some(f) = self.flows[id].take() {
-                self.version[id] = self.version[id].wrapping_add(1);
-                for &l in f.route.iter() {
-                    let list = &mut self.on_link[l as usize];
-                    if let Some(p) = list.iter().position(|&x| x as usize == id) {
-                        list.swap_remove(p);
-                    }
-                    self.dirty.push(l);
-                }
-                self.free.push(id);
-                self.live -= 1;
-                done.push(f.tag);
-            }
+    /// Removes a flow that has ended by `now`, the earliest first, and returns its tag.
+    pub fn pop_finished(&mut self, now: f64) -> Option<u64> {
+        let (t, id) = self.ends.first()?;
+        if t > now {
+            return None;
         }
-        done
+        self.ends.remove(id);
+        let f = self.flows[id as usize].take()?;
+        for &l in f.route.iter() {
+            let list = &mut self.on_link[l as usize];
+            if let Some(p) = list.iter().position(|&x| x == id) {
+                list.swap_remove(p);
+            }
+            self.dirty.push(l);
+        }
+        self.free.push(id as usize);
+        self.live -= 1;
+        Some(f.tag)
     }
 
     /// Bytes flow `id` has left to move at `now` (0 once it has ended).
@@ -169,51 +242,71 @@ impl Fluid {
     }
 
     /// Max-min fair rates, by progressive filling, for the flows connected to the links
-    /// that changed.
+    /// that changed: component by component (they share nothing; one search from all the
+    /// changed links at once would find them one after the other, in this order).
     fn refill(&mut self, now: f64) {
-        // The component: links and flows reachable from the changed links.
-        let mut links: Vec<u32> = Vec::new();
-        let mut comp: Vec<usize> = Vec::new();
-        let mut stack = std::mem::take(&mut self.dirty);
+        self.links.clear();
+        let mut dirty = std::mem::take(&mut self.dirty);
+        while let Some(l) = dirty.pop() {
+            if !self.link_mark[l as usize] {
+                let first = self.links.len();
+                self.component(l);
+                self.fill(now, first);
+            }
+        }
+        self.dirty = dirty;
+        for &l in &self.links {
+            self.link_mark[l as usize] = false;
+        }
+    }
+
+    /// Marks and appends to `links` the links and to `comp` the flows reachable from link
+    /// `from`.
+    fn component(&mut self, from: u32) {
+        self.comp.clear();
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.push(from);
         while let Some(l) = stack.pop() {
             if std::mem::replace(&mut self.link_mark[l as usize], true) {
                 continue;
             }
-            links.push(l);
+            self.links.push(l);
             for &id in &self.on_link[l as usize] {
                 let id = id as usize;
                 if std::mem::replace(&mut self.flow_mark[id], true) {
                     continue;
                 }
-                comp.push(id);
+                self.comp.push(id);
                 if let Some(f) = &self.flows[id] {
                     stack.extend(f.route.iter().filter(|&&l2| !self.link_mark[l2 as usize]));
                 }
             }
         }
+        self.stack = stack;
+    }
+
+    /// Progressive filling of the component of the links from `links[first]` on.
+    fn fill(&mut self, now: f64, first: usize) {
         // Bring the component's flows to `now` at their old rates.
-        for &id in &comp {
+        for &id in &self.comp {
             if let Some(f) = self.flows[id].as_mut() {
                 f.rem = (f.rem - f.rate * (now - f.t0)).max(0.0);
                 f.t0 = now;
             }
         }
-        let mut residual: Vec<(u32, f64, u32)> = links
-            .iter()
-            .map(|&l| (l, self.caps[l as usize], self.on_link[l as usize].len() as u32))
-            .collect();
-        // Links are found through their position in `residual`.
-        for (i, &(l, _, _)) in residual.iter().enumerate() {
+        self.residual.clear();
+        self.shares.clear();
+        for (i, &l) in self.links[first..].iter().enumerate() {
+            let count = self.on_link[l as usize].len() as u32;
+            self.residual.push((l, self.caps[l as usize], count));
+            // Links are found through their position in `residual`.
             self.link_pos[l as usize] = i as u32;
+            if count > 0 {
+                self.shares.push(Least(self.caps[l as usize] / f64::from(count), i as u32));
+            }
         }
-        let mut heap: BinaryHeap<Least> = residual
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.2 > 0)
-            .map(|(i, r)| Least(r.1 / f64::from(r.2), i, 0))
-            .collect();
-        while let Some(Least(share, i, _)) = heap.pop() {
-            let (l, res, count) = residual[i];
+        while let Some(Least(share, i)) = self.shares.pop() {
+            let (l, res, count) = self.residual[i as usize];
             if count == 0 || share != res / f64::from(count) {
                 continue;
             }
@@ -224,35 +317,33 @@ impl Fluid {
                     continue;
                 }
                 let Some(f) = self.flows[id].as_mut() else { continue };
-                // An unchanged rate keeps its end (and its entry in the heap).
+                // An unchanged rate keeps its end.
                 if (share - f.rate).abs() > 1e-12 * share {
                     f.rate = share;
-                    self.version[id] = self.version[id].wrapping_add(1);
                     let end = if share > 0.0 { now + f.rem / share } else { f64::INFINITY };
-                    self.ends.push(Least(end, id, self.version[id]));
+                    self.ends.set(id as u32, end);
                 }
                 for &l2 in f.route.iter() {
-                    let j = self.link_pos[l2 as usize] as usize;
-                    let r = &mut residual[j];
+                    let j = self.link_pos[l2 as usize];
+                    let r = &mut self.residual[j as usize];
                     r.1 = (r.1 - share).max(0.0);
                     r.2 -= 1;
-                    if r.2 > 0 && j != i {
-                        heap.push(Least(r.1 / f64::from(r.2), j, 0));
+                    if self.link_mark[l2 as usize] {
+                        self.link_mark[l2 as usize] = false;
+                        self.touched.push(j);
                     }
                 }
             }
-        }
-        for &l in &links {
-            self.link_mark[l as usize] = false;
-        }
-        if self.ends.len() > 4 * self.live + 1024 {
-            // Mostly stale entries: keep the current ones only.
-            let live: Vec<Least> = self
-                .ends
-                .drain()
-                .filter(|Least(_, id, v)| self.flows[*id].is_some() && self.version[*id] == *v)
-                .collect();
-            self.ends = live.into_iter().collect();
+            // The links whose share changed, at their new share (all the flows of this one
+            // fixed first: the shares only grow meanwhile, so the order of the links fixed
+            // next is the same as with an entry per change).
+            for j in self.touched.drain(..) {
+                let (l2, res, count) = self.residual[j as usize];
+                self.link_mark[l2 as usize] = true;
+                if count > 0 && j != i {
+                    self.shares.push(Least(res / f64::from(count), j));
+                }
+            }
         }
     }
 }
@@ -264,7 +355,7 @@ mod tests {
     fn run(fluid: &mut Fluid) -> Vec<(u64, f64)> {
         let mut out = Vec::new();
         while let Some(t) = fluid.next_end(0.0f64.max(out.last().map_or(0.0, |x: &(u64, f64)| x.1))) {
-            for tag in fluid.take_finished(t) {
+            while let Some(tag) = fluid.pop_finished(t) {
                 out.push((tag, t));
             }
         }

@@ -13,6 +13,7 @@
 mod bruck;
 mod chain;
 mod cost_model;
+mod costing;
 mod dbtree;
 mod direct;
 mod dissemination;

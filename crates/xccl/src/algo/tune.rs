@@ -24,18 +24,15 @@
 //! `alpha_us,beta_gbps,gamma_gbps,delta_gbps` (for example `XCCL_TUNE_SHM=1.5,6,8,12`), and
 //! the hand-off by `XCCL_TUNE_SWITCH_US` (`cost_model.rs` keeps them and their file format).
 
+use std::collections::HashMap;
 use std::fmt;
 
 pub use super::cost_model::{CostModel, Efficiency, LinkClass, LinkCost};
-use super::{Algorithm, Shape, build};
+pub use super::costing::Costing;
+use super::{Algorithm, Shape};
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
-use crate::protocol::{self, LinkFacts, Outgoing, Protocol, ProtocolPolicy};
-use crate::schedule::order::{Follow, StepOrder};
-use crate::schedule::{Op, Program};
-
-/// Bytes a forwarding rank waits for before passing a message on (the executor's segment).
-const HOP_BYTES: f64 = (1 << 20) as f64;
+use crate::protocol::{self, LinkFacts, ProtocolPolicy};
 
 /// Where a communicator's ranks are, as the tuner sees it: each rank's host and that host's
 /// cores, the classes of link inside and between hosts, and what its settings allow
@@ -78,7 +75,7 @@ impl Placement {
     /// What the protocol choice knows of the link between ranks `a` and `b`, from its class:
     /// memory links carry LL and can be pulled from (threads always, processes where the
     /// kernel allows), with quarter-ring frames; sockets neither, with 1 MiB segments.
-    fn link(&self, a: usize, b: usize) -> LinkFacts {
+    pub(super) fn link(&self, a: usize, b: usize) -> LinkFacts {
         match self.class(a, b) {
             LinkClass::Local | LinkClass::Shm => {
                 LinkFacts { memory: true, ll_max: protocol::LL_MAX, seg: 1 << 20, peer_pulls: true }
@@ -87,16 +84,19 @@ impl Placement {
         }
     }
 
-    fn class(&self, a: usize, b: usize) -> LinkClass {
+    pub(super) fn class(&self, a: usize, b: usize) -> LinkClass {
         if self.hosts[a] == self.hosts[b] { self.intra } else { self.inter }
     }
 
     /// Ranks per core on each rank's host (at least 1).
-    fn crowding(&self) -> Vec<f64> {
+    pub(super) fn crowding(&self) -> Vec<f64> {
+        let mut here: HashMap<usize, usize> = HashMap::new();
+        for &h in &self.hosts {
+            *here.entry(h).or_default() += 1;
+        }
         (0..self.hosts.len())
             .map(|r| {
-                let here = self.hosts.iter().filter(|&&h| h == self.hosts[r]).count();
-                (here as f64 / self.cores.get(r).copied().unwrap_or(1).max(1) as f64).max(1.0)
+                (here[&self.hosts[r]] as f64 / self.cores.get(r).copied().unwrap_or(1).max(1) as f64).max(1.0)
             })
             .collect()
     }
@@ -113,190 +113,6 @@ pub fn predict(
     esize: usize,
 ) -> Result<f64> {
     Ok(Costing::new(place, kind, algo, root, shape, esize)?.time(model))
-}
-
-/// Every rank's schedule of one collective, built once and costed under any constants (what
-/// calibration needs).
-#[derive(Clone, Debug)]
-pub struct Costing {
-    place: Placement,
-    programs: Vec<Program>,
-    /// Per rank and step, what follows what (`schedule::order`).
-    orders: Vec<Vec<StepOrder>>,
-    esize: usize,
-    kind: CollKind,
-    algo: Algorithm,
-    crowded: bool,
-}
-
-impl Costing {
-    /// The schedules of `algo` running `kind` on `place` with this layout.
-    pub fn new(
-        place: &Placement,
-        kind: CollKind,
-        algo: Algorithm,
-        root: usize,
-        shape: &Shape,
-        esize: usize,
-    ) -> Result<Costing> {
-        let n = place.hosts.len();
-        let programs =
-            (0..n).map(|r| build(kind, algo, r, &place.hosts, root, shape)).collect::<Result<Vec<_>>>()?;
-        let orders = programs
-            .iter()
-            .map(|p| {
-                p.steps.iter().map(|s| StepOrder::of(s, false)).collect::<std::result::Result<Vec<_>, _>>()
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::Internal(format!("{kind} by {algo}: bad schedule: {e}")))?;
-        let crowded = place.crowding().iter().any(|c| *c > 1.0);
-        Ok(Costing { place: place.clone(), programs, orders, esize, kind, algo, crowded })
-    }
-
-    /// Whether a host of the layout has more ranks than cores.
-    pub fn crowded(&self) -> bool {
-        self.crowded
-    }
-
-    /// The predicted time under `model`, in seconds.
-    pub fn time(&self, model: &CostModel) -> f64 {
-        let weights = model.factors(self.kind, self.algo, self.crowded);
-        cost(model, weights, self)
-    }
-
-    /// The protocol message `j` of step `s` of rank `r` travels by, as the executor would
-    /// choose it (`protocol::for_send` and `protocol::expected`): the same function, with
-    /// the link classes' facts.
-    fn protocol(&self, r: usize, s: usize, j: usize) -> Option<Protocol> {
-        let step = &self.programs[r].steps[s];
-        let allowed = self.place.protocols.for_kind(self.kind);
-        match step.ops[j] {
-            Op::Send { peer, src } => {
-                let sole = step.ops.iter().filter(|op| !matches!(op, Op::Recv { .. })).count() == 1;
-                let m = Outgoing {
-                    len: src.len * self.esize,
-                    has_dependents: self.orders[r][s].has_dependents(j),
-                    sole_one_way: self.kind.one_way() && !self.crowded && sole,
-                    plain: !self.kind.combines() && (!self.crowded || !self.kind.one_way()),
-                    pull_min: self.place.pull_min,
-                };
-                Some(protocol::for_send(&m, &self.place.link(r, peer), allowed))
-            }
-            Op::Recv { peer, dst, .. } => Some(protocol::expected(
-                dst.len * self.esize,
-                &self.place.link(r, peer),
-                self.place.pull_min,
-                allowed,
-            )),
-            Op::Copy { .. } => None,
-        }
-    }
-}
-
-/// The predicted time of `programs` with the latency terms weighted by `weights.0` and the
-/// bandwidth terms by `weights.1`.
-fn cost(model: &CostModel, weights: (f64, f64), c: &Costing) -> f64 {
-    let (place, programs, esize) = (&c.place, &c.programs, c.esize);
-    let (wl, wb) = weights;
-    let steps = programs.iter().map(|p| p.steps.len()).max().unwrap_or(0);
-    let inter = model.of(place.inter);
-    let nhosts = place.hosts.iter().max().map_or(0, |h| h + 1);
-    let crowding = place.crowding();
-    let mut total = 0.0;
-    for s in 0..steps {
-        let mut slowest = 0.0f64;
-        // Bytes each host sends to and receives from other hosts: they share its one link.
-        let mut host_out = vec![0.0f64; nhosts];
-        let mut host_in = vec![0.0f64; nhosts];
-        for (r, p) in programs.iter().enumerate() {
-            let Some(step) = p.steps.get(s) else { continue };
-            let (mut msgs, mut out, mut inn, mut work, mut waits) = (0.0, 0.0, 0.0, 0.0, 0.0);
-            for (j, op) in step.ops.iter().enumerate() {
-                let (pl, pb) = c.protocol(r, s, j).map_or((1.0, 1.0), |p| model.protocol_factors(p));
-                match *op {
-                    Op::Send { peer, src } => {
-                        let bytes = (src.len * esize) as f64;
-                        let c = model.of(place.class(r, peer));
-                        msgs += c.alpha * pl;
-                        if place.hosts[r] == place.hosts[peer] {
-                            out += bytes * c.beta * pb;
-                        } else {
-                            host_out[place.hosts[r]] += bytes;
-                        }
-                    }
-                    Op::Recv { peer, dst, with } => {
-                        let bytes = (dst.len * esize) as f64;
-                        waits += 1.0;
-                        if place.hosts[r] == place.hosts[peer] {
-                            inn += bytes * model.of(place.class(r, peer)).beta * pb;
-                        } else {
-                            host_in[place.hosts[r]] += bytes;
-                        }
-                        if with.is_some() {
-                            work += bytes * model.of(place.intra).gamma;
-                        }
-                    }
-                    Op::Copy { dst, .. } => work += (dst.len * esize) as f64 * model.of(place.intra).delta,
-                }
-            }
-            let crowd = crowding[r];
-            let handoff = if crowd > 1.0 { model.switch * waits } else { 0.0 };
-            let latency = msgs * crowd + handoff;
-            let bandwidth = (f64::max(out, inn) + work) * crowd;
-            slowest = slowest.max(wl * latency + wb * bandwidth);
-        }
-        let busiest_host = host_out.iter().chain(&host_in).fold(0.0f64, |m, b| m.max(*b));
-        total += slowest.max(wb * busiest_host * inter.beta) + forwarding(model, weights, c, s);
-    }
-    total
-}
-
-/// The latency of forwarding in step `s`: the longest chain of ranks that pass on what
-/// they receive, times one segment's hop.
-fn forwarding(model: &CostModel, (wl, wb): (f64, f64), c: &Costing, s: usize) -> f64 {
-    let (place, programs, esize) = (&c.place, &c.programs, c.esize);
-    let n = programs.len();
-    // For each rank, the peers whose messages it forwards and the cost of one hop to it.
-    let mut feeds: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
-    for (r, p) in programs.iter().enumerate() {
-        let Some(step) = p.steps.get(s) else { continue };
-        let order = &c.orders[r][s];
-        // A receive is forwarded when a later send follows it by the ordering rule.
-        let mut forwarded = vec![false; step.ops.len()];
-        for (j, op) in step.ops.iter().enumerate() {
-            if matches!(op, Op::Send { .. }) {
-                for &(i, how) in order.follows(j) {
-                    forwarded[i] |= how != Follow::InOrder && matches!(step.ops[i], Op::Recv { .. });
-                }
-            }
-        }
-        for (i, op) in step.ops.iter().enumerate() {
-            let Op::Recv { peer, dst, .. } = *op else { continue };
-            if forwarded[i] {
-                let (pl, pb) = c.protocol(r, s, i).map_or((1.0, 1.0), |p| model.protocol_factors(p));
-                let k = model.of(place.class(r, peer));
-                let hop =
-                    wl * k.alpha * pl + wb * f64::min((dst.len * esize) as f64, HOP_BYTES) * k.beta * pb;
-                feeds[r].push((peer, hop));
-            }
-        }
-    }
-    // Longest path by relaxation: chains are at most n long.
-    let mut depth = vec![0.0f64; n];
-    for _ in 0..n {
-        let mut changed = false;
-        for r in 0..n {
-            let d = feeds[r].iter().map(|&(p, hop)| depth[p] + hop).fold(0.0, f64::max);
-            if d > depth[r] + 1e-15 {
-                depth[r] = d;
-                changed = true;
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    depth.into_iter().fold(0.0, f64::max)
 }
 
 /// A choice and what it was chosen over.
@@ -343,6 +159,9 @@ pub fn rank(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::build;
+    use crate::protocol::Protocol;
+    use crate::schedule::Op;
 
     fn place(n: usize) -> Placement {
         Placement::one_host(n, 64, LinkClass::Shm)

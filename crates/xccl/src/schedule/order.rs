@@ -86,6 +86,32 @@ pub enum Follow {
     InOrder,
 }
 
+/// How `later` must follow `earlier`, if at all (the rule for one pair of operations).
+pub fn follow(earlier: &Access, later: &Access) -> Option<Follow> {
+    if earlier.is_noop() || later.is_noop() {
+        return None;
+    }
+    let pairs =
+        [(earlier.writes, later.reads), (earlier.writes, later.writes), (earlier.reads, later.writes)];
+    let mut clash = false;
+    let mut identical = true;
+    for (x, y) in pairs {
+        if let (Some(x), Some(y)) = (x, y)
+            && x.overlaps(&y)
+        {
+            clash = true;
+            identical &= x == y;
+        }
+    }
+    if clash {
+        Some(if identical && earlier.len == later.len { Follow::Segments } else { Follow::Whole })
+    } else if earlier.channel.is_some() && earlier.channel == later.channel {
+        Some(Follow::InOrder)
+    } else {
+        None
+    }
+}
+
 /// Calls `f(i, how)` for every earlier operation `i` that `later` must follow. The
 /// incremental form, for point-to-point batches whose operations arrive one by one.
 pub fn follows(earlier: &[Access], later: &Access, mut f: impl FnMut(usize, Follow)) {
@@ -93,24 +119,8 @@ pub fn follows(earlier: &[Access], later: &Access, mut f: impl FnMut(usize, Foll
         return;
     }
     for (i, a) in earlier.iter().enumerate() {
-        if a.is_noop() {
-            continue;
-        }
-        let pairs = [(a.writes, later.reads), (a.writes, later.writes), (a.reads, later.writes)];
-        let mut clash = false;
-        let mut identical = true;
-        for (x, y) in pairs {
-            if let (Some(x), Some(y)) = (x, y)
-                && x.overlaps(&y)
-            {
-                clash = true;
-                identical &= x == y;
-            }
-        }
-        if clash {
-            f(i, if identical && a.len == later.len { Follow::Segments } else { Follow::Whole });
-        } else if a.channel.is_some() && a.channel == later.channel {
-            f(i, Follow::InOrder);
+        if let Some(how) = follow(a, later) {
+            f(i, how);
         }
     }
 }
@@ -142,6 +152,19 @@ pub fn access(op: &Op, aliased: bool) -> Access {
     }
 }
 
+/// What `op` touches (as [`access`]); a local copy between overlapping but different
+/// regions is an error.
+pub fn checked_access(op: &Op, aliased: bool) -> Result<Access, String> {
+    let a = access(op, aliased);
+    if let (None, Some(r), Some(w)) = (a.channel, a.reads, a.writes)
+        && !a.is_noop()
+        && r.overlaps(&w)
+    {
+        return Err(format!("{op:?}: a local copy between overlapping regions"));
+    }
+    Ok(a)
+}
+
 /// The ordering of a whole step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepOrder {
@@ -155,18 +178,13 @@ impl StepOrder {
     /// Works out the order of `step`, whose input and output are the same memory when
     /// `aliased`; a local copy between overlapping but different regions is an error.
     pub fn of(step: &Step, aliased: bool) -> Result<StepOrder, String> {
-        let accesses: Vec<Access> = step.ops.iter().map(|op| access(op, aliased)).collect();
+        let accesses =
+            step.ops.iter().map(|op| checked_access(op, aliased)).collect::<Result<Vec<Access>, String>>()?;
         let mut order = StepOrder {
             follows: Vec::with_capacity(accesses.len()),
             dependents: vec![false; accesses.len()],
         };
-        for (j, (op, a)) in step.ops.iter().zip(&accesses).enumerate() {
-            if let (None, Some(r), Some(w)) = (a.channel, a.reads, a.writes)
-                && !a.is_noop()
-                && r.overlaps(&w)
-            {
-                return Err(format!("{op:?}: a local copy between overlapping regions"));
-            }
+        for (j, a) in accesses.iter().enumerate() {
             let mut mine = Vec::new();
             follows(&accesses[..j], a, |i, how| {
                 if how != Follow::InOrder {
