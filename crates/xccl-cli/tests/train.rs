@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use xccl_train::checkpoint::{DIR_NAME, read_params};
+mod common;
+
+use common::{params, rel_diff};
+use xccl_train::checkpoint::DIR_NAME;
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
@@ -41,28 +44,11 @@ fn ok(out: &Output) {
     );
 }
 
-/// The final parameters a run left in its checkpoint, by name.
-fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
-    read_params(&out.join(DIR_NAME)).expect("checkpoint")
-}
-
 /// The events of the Chrome trace a run left.
 fn trace_events(out: &Path) -> Vec<serde_json::Value> {
     let trace: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("trace.json")).expect("trace.json")).expect("json");
     trace["traceEvents"].as_array().expect("events").clone()
-}
-
-fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    let (mut d, mut n) = (0.0, 0.0);
-    for (k, x) in a {
-        for (p, q) in x.iter().zip(&b[k]) {
-            d += (f64::from(*p) - f64::from(*q)).powi(2);
-            n += f64::from(*q).powi(2);
-        }
-    }
-    (d / n).sqrt()
 }
 
 #[test]

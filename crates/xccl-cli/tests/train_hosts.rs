@@ -4,8 +4,7 @@
 //! whose stages are on different hosts, and ZeRO stage 3 over the hosts end with the
 //! parameters of the single-process run.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 #[allow(dead_code)]
@@ -13,8 +12,7 @@ use std::process::Command;
 mod cluster;
 mod common;
 
-use common::{run_ok, text};
-use xccl_train::checkpoint::{DIR_NAME, read_params};
+use common::{params, rel_diff, run_ok, text};
 
 const XCCL: &str = env!("CARGO_BIN_EXE_xccl");
 
@@ -29,23 +27,6 @@ fn out_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("xccl-train-hosts-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
-}
-
-fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
-    read_params(&out.join(DIR_NAME)).unwrap_or_else(|e| panic!("checkpoint in {}: {e}", out.display()))
-}
-
-/// Largest |a - b| over largest |b|, over every parameter (the same names in both).
-fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "parameter names");
-    let (mut diff, mut scale) = (0.0f64, 0.0f64);
-    for (name, x) in a {
-        for (p, q) in x.iter().zip(&b[name]) {
-            diff = diff.max(f64::from((p - q).abs()));
-            scale = scale.max(f64::from(q.abs()));
-        }
-    }
-    diff / scale.max(f64::MIN_POSITIVE)
 }
 
 #[test]

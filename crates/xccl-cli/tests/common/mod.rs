@@ -31,6 +31,24 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// The final parameters a run left in its checkpoint under `out`, by name.
+pub fn params(out: &Path) -> BTreeMap<String, Vec<f32>> {
+    read_params(&out.join(DIR_NAME)).unwrap_or_else(|e| panic!("checkpoint in {}: {e}", out.display()))
+}
+
+/// ‖a − b‖ / ‖b‖ over every parameter (the same names in both).
+pub fn rel_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "parameter names");
+    let (mut d, mut n) = (0.0, 0.0);
+    for (k, x) in a {
+        for (p, q) in x.iter().zip(&b[k]) {
+            d += (f64::from(*p) - f64::from(*q)).powi(2);
+            n += f64::from(*q).powi(2);
+        }
+    }
+    (d / n).sqrt()
+}
+
 /// The bits of the final parameters a run left in its checkpoint in `out`, by name.
 pub fn param_bits(out: &Path) -> BTreeMap<String, Vec<u32>> {
     let p = read_params(&out.join(DIR_NAME)).expect("checkpoint");
