@@ -521,6 +521,16 @@ impl ParamSet {
         range: Range<usize>,
         mut f: impl FnMut(usize, &mut [f32]) -> Result<()>,
     ) -> Result<()> {
+        self.each_whole(range, |s| {
+            let mut values = s.with_values(<[f32]>::to_vec)?;
+            f(s.offset, &mut values)?;
+            s.param.replace(values)
+        })
+    }
+
+    /// `f` of every parameter whose elements lie in `range` of this rank's flat vector, in
+    /// order; an error if `range` covers one only in part.
+    fn each_whole(&self, range: Range<usize>, mut f: impl FnMut(&Slot) -> Result<()>) -> Result<()> {
         for s in &self.slots {
             let r = s.range();
             if r.end <= range.start || r.start >= range.end {
@@ -532,9 +542,7 @@ impl ParamSet {
                     s.param.name
                 )));
             }
-            let mut values = s.with_values(<[f32]>::to_vec)?;
-            f(r.start, &mut values)?;
-            s.param.replace(values)?;
+            f(s)?;
         }
         Ok(())
     }
@@ -542,21 +550,9 @@ impl ParamSet {
     /// Sets the parameters whose elements are `at .. at + values.len()` of this rank's flat
     /// vector (whole parameters only) from `values`.
     pub fn write_range(&self, at: usize, values: &[f32]) -> Result<()> {
-        let range = at..at + values.len();
-        for s in &self.slots {
-            let r = s.range();
-            if r.end <= range.start || r.start >= range.end {
-                continue;
-            }
-            if r.start < range.start || r.end > range.end {
-                return Err(Error::internal(format!(
-                    "elements {range:?} cover parameter {} ({r:?}) only in part",
-                    s.param.name
-                )));
-            }
-            s.param.set(&values[r.start - at..r.end - at])?;
-        }
-        Ok(())
+        self.each_whole(at..at + values.len(), |s| {
+            s.param.set(&values[s.range().start - at..s.range().end - at])
+        })
     }
 
     /// Sets every parameter from `flat` (as [`read`](Self::read) returns it).
