@@ -67,6 +67,8 @@ pub mod flight;
 mod frame;
 #[cfg(test)]
 mod fuzz;
+#[doc(hidden)]
+pub mod fuzzing;
 mod host_buffer;
 pub mod protocol;
 mod reduce;

@@ -10,20 +10,18 @@
 //! A peer of another job, of another protocol version or without the secret is refused, and
 //! both sides get an error that says which.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+use super::conn::{Conn, NONCE};
 use crate::error::{Error, Result};
 
 const HELLO: &[u8; 8] = b"XCCLHELO";
 const REPLY: &[u8; 8] = b"XCCLSRVR";
 /// Bumped on any incompatible change of the handshake or the wire.
 pub(crate) const PROTOCOL_VERSION: u16 = 1;
-const NONCE: usize = 16;
 const MAC: usize = 32;
 const MAX_JOB: usize = 256;
 const MAX_MSG: usize = 1024;
@@ -96,10 +94,8 @@ pub(crate) enum Purpose {
     Link { comm: u64, from: u32, to: u32 },
 }
 
-fn nonce() -> Result<[u8; NONCE]> {
-    let mut n = [0u8; NONCE];
-    getrandom::fill(&mut n).map_err(|e| Error::Config(format!("no randomness for the handshake: {e}")))?;
-    Ok(n)
+fn nonce(s: &mut impl Conn) -> Result<[u8; NONCE]> {
+    s.nonce().map_err(|e| Error::Config(e.to_string()))
 }
 
 fn io_ctx(peer: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -109,7 +105,7 @@ fn io_ctx(peer: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     }
 }
 
-fn read_msg(s: &mut TcpStream, peer: &str) -> Result<(u8, String)> {
+fn read_msg(s: &mut impl Conn, peer: &str) -> Result<(u8, String)> {
     let mut head = [0u8; 3];
     s.read_exact(&mut head).map_err(io_ctx(peer))?;
     let len = usize::from(u16::from_le_bytes([head[1], head[2]]));
@@ -129,15 +125,15 @@ fn status_bytes(ok: bool, msg: &str) -> Vec<u8> {
     b
 }
 
-/// Runs the client side on a fresh connection to `peer`.
+/// Runs the client side on a fresh connection to `peer` (a socket, in every real use).
 pub(crate) fn client(
-    s: &mut TcpStream,
+    s: &mut impl Conn,
     auth: &Auth,
     purpose: Purpose,
     peer: &str,
     patience: Duration,
 ) -> Result<()> {
-    s.set_read_timeout(Some(patience)).map_err(io_ctx(peer))?;
+    s.set_patience(Some(patience)).map_err(io_ctx(peer))?;
     let (kind, comm, from, to) = match purpose {
         Purpose::Store => (1u8, 0u64, 0u32, 0u32),
         Purpose::Link { comm, from, to } => (2, comm, from, to),
@@ -150,7 +146,7 @@ pub(crate) fn client(
     hello.extend_from_slice(&to.to_le_bytes());
     hello.extend_from_slice(&(auth.job.len() as u16).to_le_bytes());
     hello.extend_from_slice(auth.job.as_bytes());
-    hello.extend_from_slice(&nonce()?);
+    hello.extend_from_slice(&nonce(s)?);
     s.write_all(&hello).map_err(io_ctx(peer))?;
 
     let mut head = [0u8; 10];
@@ -188,13 +184,14 @@ pub(crate) fn client(
     if status != 0 {
         return Err(Error::Handshake { peer: peer.into(), detail: msg });
     }
-    s.set_read_timeout(None).map_err(io_ctx(peer))?;
+    s.set_patience(None).map_err(io_ctx(peer))?;
     Ok(())
 }
 
-/// Runs the server side on an accepted connection from `peer`; returns what the client wants.
-pub(crate) fn server(s: &mut TcpStream, auth: &Auth, peer: &str, patience: Duration) -> Result<Purpose> {
-    s.set_read_timeout(Some(patience)).map_err(io_ctx(peer))?;
+/// Runs the server side on an accepted connection from `peer` (a socket, in every real use);
+/// returns what the client wants.
+pub(crate) fn server(s: &mut impl Conn, auth: &Auth, peer: &str, patience: Duration) -> Result<Purpose> {
+    s.set_patience(Some(patience)).map_err(io_ctx(peer))?;
     let mut head = [0u8; 29];
     s.read_exact(&mut head[..8]).map_err(io_ctx(peer))?;
     if &head[..8] != HELLO {
@@ -241,7 +238,7 @@ pub(crate) fn server(s: &mut TcpStream, auth: &Auth, peer: &str, patience: Durat
         return Err(Error::Handshake { peer: peer.into(), detail: why });
     }
     reply.extend_from_slice(&status_bytes(true, ""));
-    let ns = nonce()?;
+    let ns = nonce(s)?;
     let mut transcript = hello;
     transcript.extend_from_slice(&ns);
     reply.extend_from_slice(&ns);
@@ -255,14 +252,15 @@ pub(crate) fn server(s: &mut TcpStream, auth: &Auth, peer: &str, patience: Durat
         return Err(Error::Handshake { peer: peer.into(), detail: why.into() });
     }
     s.write_all(&status_bytes(true, "")).map_err(io_ctx(peer))?;
-    s.set_read_timeout(None).map_err(io_ctx(peer))?;
+    s.set_patience(None).map_err(io_ctx(peer))?;
     Ok(if kind == 1 { Purpose::Store } else { Purpose::Link { comm, from, to } })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
 
     fn pair(server_auth: Auth, client_auth: Auth) -> (Result<Purpose>, Result<()>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

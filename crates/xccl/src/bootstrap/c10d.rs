@@ -27,14 +27,15 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use super::keys::{Data, KeyValue, MAX_KEY, MAX_VALUE, dial};
+use super::conn::Conn;
+use super::keys::{Data, KeyValue, MAX_KEY, MAX_VALUE, Waits, dial, read_exactly};
 use crate::error::{Error, Result};
 
 /// The number a client sends after `VALIDATE`.
 pub(crate) const MAGIC: u32 = 0x3C85_F7CE;
 
 /// Query types of the protocol (the first byte of every request).
-mod query {
+pub(crate) mod query {
     pub const VALIDATE: u8 = 0;
     pub const SET: u8 = 1;
     pub const COMPARE_SET: u8 = 2;
@@ -58,6 +59,9 @@ const STOP_WAITING: u8 = 0;
 const WAIT_CANCELED: u8 = 1;
 /// Most keys in one `CHECK`, `WAIT` or multi request.
 const MAX_KEYS: u64 = 1 << 16;
+/// The largest reply to one `MULTI_GET`: without a bound, one key of a large value asked for
+/// `MAX_KEYS` times would make the server build a reply of a terabyte.
+const MAX_REPLY: usize = 4 * MAX_VALUE;
 
 fn bad(what: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
@@ -81,15 +85,14 @@ fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// A length-prefixed byte vector of at most `max` bytes (refused before allocating).
+/// A length-prefixed byte vector of at most `max` bytes (refused before allocating; then
+/// allocated as it arrives).
 fn read_bytes(r: &mut impl Read, max: usize) -> std::io::Result<Vec<u8>> {
     let len = read_u64(r)?;
     if len > max as u64 {
         return Err(bad(format!("a length of {len} bytes, more than the {max} allowed")));
     }
-    let mut v = vec![0u8; len as usize];
-    r.read_exact(&mut v)?;
-    Ok(v)
+    read_exactly(r, len)
 }
 
 /// A key of a PyTorch client, without the `/` that PyTorch's clients put before every key.
@@ -301,12 +304,11 @@ pub(crate) fn enabled() -> bool {
     !matches!(std::env::var("XCCL_STORE_C10D").as_deref(), Ok("0" | "false" | "off" | "no"))
 }
 
-/// Serves one client of PyTorch's protocol on our store's `data`, from the request after its
-/// `VALIDATE` query type byte, until it disconnects or misbehaves (then the connection is
-/// closed; the error says why, for the log).
-pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
-    let _ = s.set_nodelay(true);
-    if read_u8(&mut s)? != query::VALIDATE || read_u32(&mut s)? != MAGIC {
+/// Serves one client of PyTorch's protocol on our store's `data`, from its opening
+/// `VALIDATE`, until it disconnects or misbehaves (then the connection is closed; the error
+/// says why, for the log). A `WAIT` looks every `waits.tick` whether its client gave up.
+pub(crate) fn serve(s: &mut impl Conn, data: &Data, waits: Waits) -> std::io::Result<()> {
+    if read_u8(s)? != query::VALIDATE || read_u32(s)? != MAGIC {
         return Err(bad("not PyTorch's TCPStore handshake"));
     }
     loop {
@@ -316,15 +318,15 @@ pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
         }
         let mut reply = Vec::new();
         match op[0] {
-            query::PING => reply.extend_from_slice(&read_u32(&mut s)?.to_le_bytes()),
+            query::PING => reply.extend_from_slice(&read_u32(s)?.to_le_bytes()),
             query::SET => {
-                let (k, v) = (read_key(&mut s)?, read_bytes(&mut s, MAX_VALUE)?);
+                let (k, v) = (read_key(s)?, read_bytes(s, MAX_VALUE)?);
                 data.update(|map| {
                     map.insert(k, v);
                 });
             }
             query::APPEND => {
-                let (k, v) = (read_key(&mut s)?, read_bytes(&mut s, MAX_VALUE)?);
+                let (k, v) = (read_key(s)?, read_bytes(s, MAX_VALUE)?);
                 data.update(|map| {
                     let e = map.entry(k).or_default();
                     if e.len() + v.len() <= MAX_VALUE {
@@ -333,16 +335,16 @@ pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
                 });
             }
             query::MULTI_SET => {
-                let n = read_count(&mut s)?;
+                let n = read_count(s)?;
                 let mut pairs = Vec::with_capacity(n.min(64));
                 for _ in 0..n {
-                    pairs.push((read_key(&mut s)?, read_bytes(&mut s, MAX_VALUE)?));
+                    pairs.push((read_key(s)?, read_bytes(s, MAX_VALUE)?));
                 }
                 data.update(|map| map.extend(pairs));
             }
             query::COMPARE_SET => {
-                let k = read_key(&mut s)?;
-                let (expected, desired) = (read_bytes(&mut s, MAX_VALUE)?, read_bytes(&mut s, MAX_VALUE)?);
+                let k = read_key(s)?;
+                let (expected, desired) = (read_bytes(s, MAX_VALUE)?, read_bytes(s, MAX_VALUE)?);
                 let now = data.update(|map| match map.get(&k) {
                     None if expected.is_empty() => {
                         map.insert(k, desired.clone());
@@ -358,40 +360,40 @@ pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
                 put_bytes(&mut reply, &now);
             }
             query::GET => {
-                let k = read_key(&mut s)?;
+                let k = read_key(s)?;
                 let v = data.map.lock().unwrap_or_else(PoisonError::into_inner).get(&k).cloned();
                 let Some(v) = v else { return Err(bad(format!("GET of '{k}', which is not set"))) };
                 put_bytes(&mut reply, &v);
             }
             query::MULTI_GET => {
-                let keys = (0..read_count(&mut s)?)
-                    .map(|_| read_key(&mut s))
-                    .collect::<std::io::Result<Vec<_>>>()?;
+                let keys = (0..read_count(s)?).map(|_| read_key(s)).collect::<std::io::Result<Vec<_>>>()?;
                 let map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
                 for k in &keys {
                     let Some(v) = map.get(k) else {
                         return Err(bad(format!("MULTI_GET of '{k}', which is not set")));
                     };
+                    if reply.len() + 8 + v.len() > MAX_REPLY {
+                        return Err(bad(format!(
+                            "MULTI_GET of {} keys, whose values exceed the {MAX_REPLY} bytes allowed in a reply",
+                            keys.len()
+                        )));
+                    }
                     put_bytes(&mut reply, v);
                 }
             }
             query::ADD => {
-                let k = read_key(&mut s)?;
-                let delta = read_u64(&mut s)? as i64;
+                let k = read_key(s)?;
+                let delta = read_u64(s)? as i64;
                 reply.extend_from_slice(&data.add(k, delta).to_le_bytes());
             }
             query::CHECK => {
-                let keys = (0..read_count(&mut s)?)
-                    .map(|_| read_key(&mut s))
-                    .collect::<std::io::Result<Vec<_>>>()?;
+                let keys = (0..read_count(s)?).map(|_| read_key(s)).collect::<std::io::Result<Vec<_>>>()?;
                 let map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
                 reply.push(if keys.iter().all(|k| map.contains_key(k)) { READY } else { NOT_READY });
             }
             query::WAIT => {
-                let keys = (0..read_count(&mut s)?)
-                    .map(|_| read_key(&mut s))
-                    .collect::<std::io::Result<Vec<_>>>()?;
-                reply.push(wait(&mut s, data, &keys)?);
+                let keys = (0..read_count(s)?).map(|_| read_key(s)).collect::<std::io::Result<Vec<_>>>()?;
+                reply.push(wait(s, data, &keys, waits.tick)?);
             }
             query::CANCEL_WAIT => reply.push(WAIT_CANCELED),
             query::GETNUMKEYS => {
@@ -399,7 +401,7 @@ pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
                 reply.extend_from_slice(&n.to_le_bytes());
             }
             query::DELETE_KEY => {
-                let k = read_key(&mut s)?;
+                let k = read_key(s)?;
                 let gone = data.update(|map| i64::from(map.remove(&k).is_some()));
                 reply.extend_from_slice(&gone.to_le_bytes());
             }
@@ -413,8 +415,7 @@ pub(crate) fn serve(mut s: TcpStream, data: &Data) -> std::io::Result<()> {
 
 /// Blocks until every key of `keys` is set, or the client cancels its wait (it sends
 /// `CANCEL_WAIT` when its own timeout passes) or goes away.
-fn wait(s: &mut TcpStream, data: &Data, keys: &[String]) -> std::io::Result<u8> {
-    let tick = Duration::from_millis(50);
+fn wait(s: &mut impl Conn, data: &Data, keys: &[String], tick: Duration) -> std::io::Result<u8> {
     let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
         if keys.iter().all(|k| map.contains_key(k)) {
@@ -426,17 +427,13 @@ fn wait(s: &mut TcpStream, data: &Data, keys: &[String]) -> std::io::Result<u8> 
         }
         // Between ticks, see whether the client spoke (a cancel) or left, without the lock.
         drop(map);
-        s.set_nonblocking(true)?;
-        let mut b = [0u8; 1];
-        let peeked = s.peek(&mut b);
-        s.set_nonblocking(false)?;
-        match peeked {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) if b[0] == query::CANCEL_WAIT => {
+        match s.peek_byte(Duration::ZERO) {
+            Ok(None) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(Some(query::CANCEL_WAIT)) => {
                 read_u8(s)?;
                 return Ok(WAIT_CANCELED);
             }
-            Ok(_) => return Err(bad("a request in the middle of a wait")),
+            Ok(Some(_)) => return Err(bad("a request in the middle of a wait")),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
@@ -526,6 +523,38 @@ mod tests {
         let mut c = C10dClient::connect(&srv.addr().to_string(), "", Duration::from_secs(5)).unwrap();
         c.set("k", b"v").unwrap();
         assert_eq!(c.get("k").unwrap(), b"v");
+    }
+
+    #[test]
+    fn a_multi_get_cannot_ask_for_a_reply_larger_than_the_limit() {
+        // One large value asked for many times: the server refuses before building the reply
+        // (without the limit, 2^16 keys of a 16 MiB value asked for a terabyte).
+        let data = Data::default();
+        let big = vec![7u8; 1 << 20];
+        let mut req = vec![query::VALIDATE];
+        req.extend_from_slice(&MAGIC.to_le_bytes());
+        req.push(query::SET);
+        put_bytes(&mut req, b"/big");
+        put_bytes(&mut req, &big);
+        let times = (MAX_REPLY >> 20) + 1;
+        req.push(query::MULTI_GET);
+        req.extend_from_slice(&(times as u64).to_le_bytes());
+        for _ in 0..times {
+            put_bytes(&mut req, b"/big");
+        }
+        let mut conn = crate::bootstrap::conn::Replayed::new(&req);
+        let waits = crate::bootstrap::keys::WAITS;
+        let err = serve(&mut conn, &data, waits).unwrap_err().to_string();
+        assert!(err.contains("exceed") && err.contains(&times.to_string()), "{err}");
+        assert_eq!(conn.written, 0, "nothing answered");
+        // Within the limit, it answers.
+        let key = 8 + b"/big".len();
+        let mut ok = req[..req.len() - (times - 1) * key].to_vec();
+        let at = ok.len() - key - 8;
+        ok[at..at + 8].copy_from_slice(&1u64.to_le_bytes());
+        let mut conn = crate::bootstrap::conn::Replayed::new(&ok);
+        serve(&mut conn, &data, waits).unwrap();
+        assert_eq!(conn.written, 8 + big.len());
     }
 
     #[test]

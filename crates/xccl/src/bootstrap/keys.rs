@@ -4,6 +4,7 @@
 //! that may not be up yet.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -14,6 +15,33 @@ use crate::error::{Error, Result};
 pub(crate) const MAX_KEY: usize = 4096;
 /// Largest value, in bytes.
 pub(crate) const MAX_VALUE: usize = 16 << 20;
+
+/// `len` bytes from `r` (`len` already checked against a limit), the buffer growing as they
+/// arrive: a peer that claims a length and sends less makes the reader hold what came, not
+/// what was claimed.
+pub(crate) fn read_exactly(r: &mut impl Read, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(len.min(64 << 10) as usize);
+    Read::take(&mut *r, len).read_to_end(&mut v)?;
+    if (v.len() as u64) < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(v)
+}
+
+/// How long the store's servers let a request wait (see [`WAITS`]).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Waits {
+    /// The longest a `get` of our protocol waits for its key.
+    pub get_max: Duration,
+    /// How often a PyTorch client's `WAIT` looks whether the client cancelled or left.
+    pub tick: Duration,
+}
+
+/// The waits of a served store: a client's `get` waits as long as it asks, up to a day
+/// (the fuzzer found that a garbage wait kept a server thread blocked for good). The
+/// fuzzer's replayed connections use zeros: nobody else could set the key meanwhile.
+pub(crate) const WAITS: Waits =
+    Waits { get_max: Duration::from_secs(24 * 3600), tick: Duration::from_millis(50) };
 
 /// The keys of a store and what its clients wait on.
 #[derive(Default)]

@@ -9,6 +9,7 @@
 pub mod auth;
 pub(crate) mod board;
 pub mod c10d;
+pub(crate) mod conn;
 pub mod env;
 pub mod group;
 pub(crate) mod host;

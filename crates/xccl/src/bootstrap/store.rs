@@ -12,7 +12,7 @@
 //! can count on one key.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
@@ -20,21 +20,19 @@ use std::time::{Duration, Instant};
 
 use super::auth::{self, Auth, Purpose};
 use super::c10d;
+use super::conn::Conn;
 pub use super::keys::KeyValue;
-use super::keys::{Data, MAX_KEY, MAX_VALUE, dial};
+use super::keys::{Data, MAX_KEY, MAX_VALUE, WAITS, Waits, dial, read_exactly};
 use crate::error::{Error, Result};
 
-const SET: u8 = 1;
-const GET: u8 = 2;
-const ADD: u8 = 3;
+pub(crate) const SET: u8 = 1;
+pub(crate) const GET: u8 = 2;
+pub(crate) const ADD: u8 = 3;
 const OK: u8 = 0;
 const MISSING: u8 = 1;
 const BAD: u8 = 2;
 /// How long the server gives a client to finish the handshake.
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(10);
-
-/// The longest a `get` may wait, in milliseconds: a day.
-const MAX_GET_WAIT_MS: u64 = 24 * 3600 * 1000;
 
 /// Refusals remembered.
 const MAX_REFUSALS: usize = 4;
@@ -68,29 +66,11 @@ impl StoreServer {
                         break;
                     }
                     let Ok(mut s) = conn else { continue };
+                    let _ = s.set_nodelay(true);
                     let (data, auth) = (data.clone(), auth.clone());
                     let _ = std::thread::Builder::new().name("xccl-store-client".into()).spawn(move || {
                         let peer = s.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
-                        if speaks_c10d(&s) {
-                            if let Err(e) = c10d::serve(s, &data) {
-                                tracing::warn!("store: PyTorch client {peer}: {e}; dropped");
-                            }
-                            return;
-                        }
-                        match auth::server(&mut s, &auth, &peer, HANDSHAKE_PATIENCE) {
-                            Ok(Purpose::Store) => serve(s, &data),
-                            Ok(other) => {
-                                tracing::warn!("store: {peer} asked for {other:?}; dropped")
-                            }
-                            Err(e) => {
-                                tracing::warn!("store: {e}");
-                                let mut r = data.refusals.lock().unwrap_or_else(PoisonError::into_inner);
-                                if r.len() == MAX_REFUSALS {
-                                    r.remove(0);
-                                }
-                                r.push(e.to_string());
-                            }
-                        }
+                        handle(&mut s, &peer, &data, &auth, WAITS);
                     });
                 }
             })
@@ -139,32 +119,53 @@ impl Drop for StoreServer {
     }
 }
 
-/// Whether a new connection opens with PyTorch's `VALIDATE` (ours opens with `XCCLHELO`),
-/// and the protocol is served.
-fn speaks_c10d(s: &TcpStream) -> bool {
-    let mut first = [0u8; 1];
-    let peeked = s.set_read_timeout(Some(HANDSHAKE_PATIENCE)).and_then(|()| s.peek(&mut first));
-    let _ = s.set_read_timeout(None);
-    matches!(peeked, Ok(1)) && first[0] == 0 && c10d::enabled()
+/// Serves one accepted connection from `peer` (a socket, in every real use) on the store's
+/// `data` until it ends: PyTorch's protocol if its first byte says so, ours after the
+/// handshake with `auth` otherwise.
+pub(crate) fn handle(s: &mut impl Conn, peer: &str, data: &Data, auth: &Auth, waits: Waits) {
+    if speaks_c10d(s) {
+        if let Err(e) = c10d::serve(s, data, waits) {
+            tracing::warn!("store: PyTorch client {peer}: {e}; dropped");
+        }
+        return;
+    }
+    match auth::server(s, auth, peer, HANDSHAKE_PATIENCE) {
+        Ok(Purpose::Store) => serve(s, data, waits),
+        Ok(other) => {
+            tracing::warn!("store: {peer} asked for {other:?}; dropped")
+        }
+        Err(e) => {
+            tracing::warn!("store: {e}");
+            let mut r = data.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+            if r.len() == MAX_REFUSALS {
+                r.remove(0);
+            }
+            r.push(e.to_string());
+        }
+    }
 }
 
-fn read_u64(s: &mut TcpStream) -> std::io::Result<u64> {
+/// Whether a new connection opens with PyTorch's `VALIDATE` (ours opens with `XCCLHELO`),
+/// and the protocol is served.
+fn speaks_c10d(s: &mut impl Conn) -> bool {
+    matches!(s.peek_byte(HANDSHAKE_PATIENCE), Ok(Some(0))) && c10d::enabled()
+}
+
+fn read_u64(s: &mut impl Read) -> std::io::Result<u64> {
     let mut b = [0u8; 8];
     s.read_exact(&mut b)?;
     Ok(u64::from_le_bytes(b))
 }
 
-fn read_bytes(s: &mut TcpStream, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+fn read_bytes(s: &mut impl Read, max: usize) -> std::io::Result<Option<Vec<u8>>> {
     let len = read_u64(s)?;
     if len > max as u64 {
         return Ok(None);
     }
-    let mut v = vec![0u8; len as usize];
-    s.read_exact(&mut v)?;
-    Ok(Some(v))
+    read_exactly(s, len).map(Some)
 }
 
-fn reply(s: &mut TcpStream, status: u8, value: &[u8]) -> std::io::Result<()> {
+fn reply(s: &mut impl Write, status: u8, value: &[u8]) -> std::io::Result<()> {
     let mut b = Vec::with_capacity(9 + value.len());
     b.push(status);
     b.extend_from_slice(&(value.len() as u64).to_le_bytes());
@@ -173,37 +174,35 @@ fn reply(s: &mut TcpStream, status: u8, value: &[u8]) -> std::io::Result<()> {
 }
 
 /// Serves one client until it disconnects or misbehaves.
-fn serve(mut s: TcpStream, data: &Data) {
-    let _ = s.set_nodelay(true);
+fn serve(s: &mut impl Conn, data: &Data, waits: Waits) {
     loop {
         let mut op = [0u8; 1];
         if s.read_exact(&mut op).is_err() {
             return;
         }
         let res = (|| -> std::io::Result<bool> {
-            let (Some(key), Some(value)) = (read_bytes(&mut s, MAX_KEY)?, read_bytes(&mut s, MAX_VALUE)?)
-            else {
-                reply(&mut s, BAD, b"key or value too large")?;
+            let (Some(key), Some(value)) = (read_bytes(s, MAX_KEY)?, read_bytes(s, MAX_VALUE)?) else {
+                reply(s, BAD, b"key or value too large")?;
                 return Ok(false);
             };
             let key = String::from_utf8_lossy(&key).into_owned();
             match op[0] {
                 SET => {
                     data.update(|map| map.insert(key, value));
-                    reply(&mut s, OK, &[])?;
+                    reply(s, OK, &[])?;
                 }
                 GET => {
                     let wait =
                         value.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
                     // A client's wait is its own business, up to a day: the fuzzer found
                     // that a garbage wait kept a server thread blocked for good.
-                    let deadline = Instant::now() + Duration::from_millis(wait.min(MAX_GET_WAIT_MS));
+                    let deadline = Instant::now() + Duration::from_millis(wait).min(waits.get_max);
                     let mut map = data.map.lock().unwrap_or_else(PoisonError::into_inner);
                     loop {
                         if let Some(v) = map.get(&key) {
                             let v = v.clone();
                             drop(map);
-                            reply(&mut s, OK, &v)?;
+                            reply(s, OK, &v)?;
                             break;
                         }
                         let left = deadline.saturating_duration_since(Instant::now());
@@ -211,7 +210,7 @@ fn serve(mut s: TcpStream, data: &Data) {
                             drop(map);
                             let refusals =
                                 data.refusals.lock().unwrap_or_else(PoisonError::into_inner).join("; ");
-                            reply(&mut s, MISSING, refusals.as_bytes())?;
+                            reply(s, MISSING, refusals.as_bytes())?;
                             break;
                         }
                         map = data.cv.wait_timeout(map, left).unwrap_or_else(PoisonError::into_inner).0;
@@ -221,17 +220,17 @@ fn serve(mut s: TcpStream, data: &Data) {
                     let delta =
                         value.get(..8).map_or(0, |b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
                     let new = data.add(key, delta);
-                    reply(&mut s, OK, &new.to_le_bytes())?;
+                    reply(s, OK, &new.to_le_bytes())?;
                 }
                 _ => {
-                    reply(&mut s, BAD, b"unknown request")?;
+                    reply(s, BAD, b"unknown request")?;
                     return Ok(false);
                 }
             }
             Ok(true)
         })();
         if !matches!(res, Ok(true)) {
-            let _ = s.shutdown(Shutdown::Both);
+            s.close();
             return;
         }
     }

@@ -54,7 +54,7 @@ fn label(desc: &OpDesc, step: u32, msg: u32, len: usize) -> [u64; 2] {
 }
 
 /// What a label says of its call, as far as it tells: `all_gather #3 (f32, ring) step 1`.
-fn describe(label: [u64; 2]) -> String {
+pub(super) fn describe(label: [u64; 2]) -> String {
     let seq = label[0] & 0xffff_ffff_ffff;
     let algo = Algorithm::from_tag((label[0] >> 48) as u8).map_or("unknown algorithm", Algorithm::name);
     let op = ReduceOp::from_tag((label[0] >> 56) as u8).map(|o| format!(", {o}")).unwrap_or_default();

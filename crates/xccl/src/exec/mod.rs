@@ -16,6 +16,7 @@
 //! | `scripted.rs` | (tests) a link that cuts its stream wherever a test says, for the per-peer machines' unit tests |
 //! | `p2p.rs` | point-to-point matching and the stash of early messages |
 //! | `failure.rs` | aborts, lost peers, timeouts; `Fate`, what befell the communicator (its failure, the program's abort, the collectives it ran last) |
+//! | `fuzzing.rs` | the executor with its peer played from bytes, for the fuzzer; and recording what a peer sends, for its seeds |
 //!
 //! The step ordering rule is `schedule::order`'s; how each message travels is
 //! [`protocol`](crate::protocol)'s choice. Messages are cut into segments of at most the
@@ -27,6 +28,7 @@
 
 mod express;
 mod failure;
+pub(crate) mod fuzzing;
 mod inbound;
 mod ll;
 mod outbound;

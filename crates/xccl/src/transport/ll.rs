@@ -64,9 +64,20 @@ fn lines_for(len: usize) -> u64 {
     1 + len.saturating_sub(FIRST).div_ceil(REST) as u64
 }
 
+/// Words in a channel's memory (its lines, then `consumed`'s line).
+pub(crate) const LL_WORDS: usize = (LL_LINES + 1) * 8;
+
 impl LlChannel {
     fn line(&self, seq: u64) -> &Line {
-        &self.lines[((seq - 1) % LL_LINES as u64) as usize]
+        &self.lines[(seq.wrapping_sub(1) % LL_LINES as u64) as usize]
+    }
+
+    /// Word `i` of the channel's memory (word `i % 8` of line `i / 8`, `consumed`'s line
+    /// last), which a peer sharing the memory may write with anything: for the fuzzer,
+    /// which plays such a peer.
+    pub(crate) fn word(&self, i: usize) -> Option<&AtomicU64> {
+        let line = if i / 8 == LL_LINES { &self.consumed } else { self.lines.get(i / 8)? };
+        Some(&line.0[i % 8])
     }
 }
 
@@ -105,9 +116,13 @@ impl LlTx {
             return false;
         }
         let need = lines_for(payload.len());
-        if self.written + need - self.consumed_seen > LL_LINES as u64 {
+        // The reader shares the memory and may write anything in `consumed`: one ahead of
+        // what was written, or more than a channel behind, leaves no room (the counters
+        // wrap rather than overflow, whatever their values).
+        let full = |seen: u64| self.written.wrapping_add(need).wrapping_sub(seen) > LL_LINES as u64;
+        if full(self.consumed_seen) {
             self.consumed_seen = self.chan().consumed.0[0].load(Ordering::Acquire);
-            if self.written + need - self.consumed_seen > LL_LINES as u64 {
+            if full(self.consumed_seen) {
                 return false;
             }
         }
@@ -117,7 +132,7 @@ impl LlTx {
             u64::from_le_bytes(w)
         });
         for k in 0..need {
-            let seq = self.written + 1 + k;
+            let seq = self.written.wrapping_add(1 + k);
             let line = &self.chan().line(seq).0;
             let first = if k == 0 {
                 line[0].store(label[0], Ordering::Relaxed);
@@ -131,7 +146,7 @@ impl LlTx {
             }
             line[7].store(seq, Ordering::Release);
         }
-        self.written += need;
+        self.written = self.written.wrapping_add(need);
         true
     }
 }
@@ -164,14 +179,16 @@ impl LlRx {
 
     /// Whether a message has begun to arrive and has not been read.
     pub fn pending(&self) -> bool {
-        let seq = self.read + 1;
+        let seq = self.read.wrapping_add(1);
         self.chan().line(seq).0[7].load(Ordering::Acquire) == seq
     }
 
     /// Reads the next message if it is labelled `label`, has `len` payload bytes (at most
     /// [`LL_MAX_BYTES`]) and has arrived whole, handing its payload to `f` in one piece.
     pub fn recv(&mut self, label: [u64; 2], len: usize, f: &mut dyn FnMut(&[u8])) -> LlRecv {
-        let first = self.read + 1;
+        // `read` began as the shared `consumed`, which a peer may have set to anything:
+        // the counters wrap rather than overflow.
+        let first = self.read.wrapping_add(1);
         let head = &self.chan().line(first).0;
         if head[7].load(Ordering::Acquire) != first {
             return LlRecv::Empty;
@@ -181,7 +198,7 @@ impl LlRx {
             return LlRecv::Other(theirs);
         }
         let need = lines_for(len);
-        let last = first + need - 1;
+        let last = first.wrapping_add(need - 1);
         if need > 1 && self.chan().line(last).0[7].load(Ordering::Acquire) != last {
             return LlRecv::Empty;
         }
@@ -191,13 +208,13 @@ impl LlRx {
         let chan = unsafe { &*self.chan };
         self.gather.clear();
         for k in 0..need {
-            let line = &chan.line(first + k).0;
+            let line = &chan.line(first.wrapping_add(k)).0;
             let from = if k == 0 { 2 } else { 0 };
             self.gather.extend(line[from..7].iter().map(|w| w.load(Ordering::Relaxed)));
         }
         let bytes: &[u8] = bytemuck::cast_slice(&self.gather);
         f(&bytes[..len]);
-        self.read += need;
+        self.read = self.read.wrapping_add(need);
         self.chan().consumed.0[0].store(self.read, Ordering::Release);
         LlRecv::Done
     }
@@ -242,6 +259,34 @@ mod tests {
             assert_eq!(pieces, vec![len], "one piece");
             assert!(!rx.pending());
         }
+    }
+
+    #[test]
+    fn counters_a_peer_forged_wrap_instead_of_overflowing() {
+        // Found by the fuzzer (`fuzz/fuzz_targets/ll.rs`): `consumed` lives in memory the peer
+        // shares, and both ends start from it. Near the end of the counters' range, messages
+        // still pass across the wrap; a `consumed` ahead of what was written, or far behind,
+        // leaves no room; nothing overflows.
+        let chan = Box::new(LlChannel::default());
+        chan.consumed.0[0].store(u64::MAX, Ordering::Release);
+        let p: *const LlChannel = &*chan;
+        // SAFETY: the boxed channel outlives both ends, made once each.
+        let (mut tx, mut rx) = unsafe { (LlTx::new(p), LlRx::new(p)) };
+        for k in 0..3u64 {
+            assert!(tx.send([k, 1], &[k as u8; 50]));
+            assert_eq!(take(&mut rx, [k, 1], 50), (LlRecv::Done, vec![k as u8; 50], vec![50]));
+        }
+        assert_eq!(tx.written, 5, "wrapped");
+        // The writer looks at `consumed` again when the channel seems full: then it finds
+        // no room, never a channel more.
+        for forged in [tx.written + 100, tx.written.wrapping_sub(100), u64::MAX] {
+            chan.consumed.0[0].store(forged, Ordering::Release);
+            let sent = (0..2 * LL_LINES).take_while(|_| tx.send([9, 9], &[1; 8])).count();
+            assert!(sent <= LL_LINES, "consumed {forged}: {sent} lines sent");
+            assert!(!tx.send([9, 9], &[1; 8]));
+        }
+        chan.consumed.0[0].store(tx.written, Ordering::Release);
+        assert!(tx.send([9, 9], &[1; 8]), "honest again");
     }
 
     #[test]

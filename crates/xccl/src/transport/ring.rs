@@ -35,6 +35,19 @@ pub(crate) struct RingControl {
     ll: LlChannel,
 }
 
+impl RingControl {
+    /// Word `i` of the control block (0: `head`, 1: `tail`, then the LL channel's words),
+    /// which a peer sharing the memory may write with anything: for the fuzzer, which plays
+    /// such a peer.
+    pub(crate) fn word(&self, i: usize) -> Option<&AtomicU64> {
+        match i {
+            0 => Some(&self.head.0),
+            1 => Some(&self.tail.0),
+            _ => self.ll.word(i - 2),
+        }
+    }
+}
+
 /// Longest abort reason kept in a [`PeerStatus`].
 const REASON_CAP: usize = 1024;
 const ALIVE: u32 = 0;
@@ -90,6 +103,17 @@ impl PeerStatus {
         self.origin.store(origin as u32, Ordering::Relaxed);
         // Release: the reason is visible to whoever sees the new state.
         let _ = self.state.compare_exchange(ALIVE, state, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Writes the status as a peer sharing the memory may, whatever it says (the reason's
+    /// bytes from the first): for the fuzzer, which plays such a peer.
+    pub(crate) fn forge(&self, state: u32, origin: u32, len: u32, reason: &[u8]) {
+        for (slot, b) in self.reason.iter().zip(reason) {
+            slot.store(*b, Ordering::Relaxed);
+        }
+        self.len.store(len, Ordering::Relaxed);
+        self.origin.store(origin, Ordering::Relaxed);
+        self.state.store(state, Ordering::Release);
     }
 
     /// Records, on behalf of a rank whose process is gone, that it vanished; unless it said
@@ -192,23 +216,29 @@ impl RingTx {
         RingTx { mem, head, tail_seen: mem.ctrl().tail.0.load(Ordering::Acquire), ll }
     }
 
+    /// Bytes free as the consumer's `tail` last seen says. The consumer shares the memory
+    /// and may write anything there: a `tail` ahead of `head`, or more than a ring behind,
+    /// leaves no room (the counters wrap rather than overflow, whatever their values).
+    fn free(&self) -> u64 {
+        (self.mem.cap as u64).saturating_sub(self.head.wrapping_sub(self.tail_seen))
+    }
+
     /// Whether `bytes` fit now.
     pub fn room_for(&mut self, bytes: usize) -> bool {
-        let cap = self.mem.cap as u64;
-        if cap - (self.head - self.tail_seen) < bytes as u64 {
+        if self.free() < bytes as u64 {
             self.tail_seen = self.mem.ctrl().tail.0.load(Ordering::Acquire);
         }
-        cap - (self.head - self.tail_seen) >= bytes as u64
+        self.free() >= bytes as u64
     }
 
     /// Copies as much of `parts` as fits; returns the bytes written.
     pub fn write(&mut self, parts: &[IoSlice<'_>]) -> usize {
         let want: usize = parts.iter().map(|p| p.len()).sum();
         let cap = self.mem.cap as u64;
-        if cap - (self.head - self.tail_seen) < want as u64 {
+        if self.free() < want as u64 {
             self.tail_seen = self.mem.ctrl().tail.0.load(Ordering::Acquire);
         }
-        let room = (cap - (self.head - self.tail_seen)) as usize;
+        let room = self.free() as usize;
         let mut left = want.min(room);
         let total = left;
         let mut pos = self.head;
@@ -226,10 +256,10 @@ impl RingTx {
                 // not read them until `head` is published below.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.data.add(at), n) };
                 src = &src[n..];
-                pos += n as u64;
+                pos = pos.wrapping_add(n as u64);
             }
         }
-        self.head += total as u64;
+        self.head = self.head.wrapping_add(total as u64);
         self.mem.ctrl().head.0.store(self.head, Ordering::Release);
         total
     }
@@ -272,11 +302,18 @@ impl RingRx {
         }
     }
 
+    /// Bytes readable as the producer's `head` last seen says. The producer shares the
+    /// memory and may write anything there: never more than the ring holds is read, so a
+    /// `head` behind `tail` or more than a ring ahead yields at most a ring of its bytes.
+    fn published(&self) -> usize {
+        self.head_seen.wrapping_sub(self.tail).min(self.mem.cap as u64) as usize
+    }
+
     fn available(&mut self, want: usize) -> usize {
-        if ((self.head_seen - self.tail) as usize) < want {
+        if self.published() < want {
             self.head_seen = self.mem.ctrl().head.0.load(Ordering::Acquire);
         }
-        (self.head_seen - self.tail) as usize
+        self.published()
     }
 
     /// Hands up to `max` readable bytes to `f` in at most two contiguous pieces and frees them.
@@ -296,7 +333,7 @@ impl RingRx {
                 f(std::slice::from_raw_parts(self.mem.data, n - first));
             }
         }
-        self.tail += n as u64;
+        self.tail = self.tail.wrapping_add(n as u64);
         self.mem.ctrl().tail.0.store(self.tail, Ordering::Release);
         n
     }
@@ -491,6 +528,37 @@ mod tests {
         // SAFETY: the boxed memory outlives the two ends in every test, which make one each.
         let mem = unsafe { RingMem::new(&m.ctrl, m.data.as_mut_ptr().cast(), cap) };
         (m, RingTx::new(mem), RingRx::new(mem))
+    }
+
+    #[test]
+    fn counters_a_peer_forged_never_reach_outside_the_ring() {
+        // Found by the fuzzer (`fuzz/fuzz_targets/ll.rs`): the counters live in memory the
+        // peer shares. A producer's `head` more than a ring ahead of the consumer made a read
+        // run past the ring's end; one behind it, or a consumer's `tail` ahead of `head`, an
+        // arithmetic overflow. Now every read stays within the ring, and a forged `tail`
+        // leaves no room.
+        let (m, _tx, mut rx) = ring(64);
+        let mut buf = [0u8; 200];
+        for head in [1000, 3, u64::MAX] {
+            m.ctrl.head.0.store(head, Ordering::Release);
+            assert!(rx.read(&mut buf) <= 64);
+            let mut total = 0;
+            rx.read_with(200, 8, &mut |p| total += p.len());
+            assert!(total <= 64);
+        }
+        let (m, mut tx2, mut rx2) = ring(64);
+        for _ in 0..2 {
+            assert_eq!(tx2.write(&[IoSlice::new(&[1; 64])]), 64);
+            assert_eq!(rx2.read(&mut buf), 64);
+        }
+        // Ahead of `head`, then more than a ring behind it.
+        for tail in [u64::MAX, 200, 0] {
+            m.ctrl.tail.0.store(tail, Ordering::Release);
+            assert!(!tx2.room_for(1), "tail {tail}");
+            assert_eq!(tx2.write(&[IoSlice::new(&[1; 8])]), 0, "tail {tail}");
+        }
+        m.ctrl.tail.0.store(128, Ordering::Release);
+        assert!(tx2.room_for(64), "honest again");
     }
 
     #[test]
