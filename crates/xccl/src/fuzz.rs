@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::bootstrap::auth::{self, Auth, Purpose};
 use crate::bootstrap::{StoreClient, StoreServer};
-use crate::coll::CollKind;
-use crate::dtype::DType;
-use crate::frame::{FrameKind, HEADER_LEN, Header, OpDesc};
-use crate::reduce::ReduceOp;
+use crate::frame::{FrameKind, HEADER_LEN, Header};
 
 /// Panics anywhere in the process since the hook was installed.
 static PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -124,15 +121,7 @@ fn frame_headers_decode_or_refuse_without_panicking() {
     let mut rng = Rng::new(1);
     let n = cases(200_000);
     let started = Instant::now();
-    let desc = OpDesc {
-        kind: CollKind::AllReduce,
-        seq: 7,
-        dtype: DType::F32,
-        op: Some(ReduceOp::Sum),
-        count: 1000,
-        root: None,
-        algo: crate::algo::Algorithm::Ring,
-    };
+    let desc = crate::fuzzing::seeds::desc();
     let valid = [
         Header::data(9, &desc, 1, 2).encode().to_vec(),
         Header::control(FrameKind::Abort, 9, 12).encode().to_vec(),

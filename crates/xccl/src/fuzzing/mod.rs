@@ -9,7 +9,7 @@
 //! `TARGETS` lists them by name (the names of `fuzz/fuzz_targets/`), `seeds` gives
 //! valid inputs of each to start from.
 
-mod seeds;
+pub(crate) mod seeds;
 mod shm;
 
 use std::time::Duration;

@@ -20,7 +20,7 @@ use crate::transport::tcp::LastWords;
 pub(super) const COMM: u64 = 9;
 
 /// The call the frame header seeds belong to.
-pub(super) fn desc() -> OpDesc {
+pub(crate) fn desc() -> OpDesc {
     OpDesc {
         kind: CollKind::AllReduce,
         seq: 7,
