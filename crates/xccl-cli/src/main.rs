@@ -10,6 +10,7 @@ mod checkpoint;
 mod demo;
 mod flight;
 mod pipeline_svg;
+mod plan;
 mod run;
 mod sim;
 mod sim_train;
@@ -55,6 +56,10 @@ enum Command {
     /// Simulate collectives on a modelled network (ring, torus, hypercube, fat-tree,
     /// dragonfly...) with the executor's own schedules.
     Sim(sim::SimArgs),
+    /// Find the fastest ways to train a model on N ranks: every dp x tp x pp, schedule,
+    /// micro-batch count, ZeRO stage and recomputation, predicted by `xccl sim train`, within
+    /// a memory limit per rank, each with its `xccl train` command.
+    Plan(Box<plan::PlanArgs>),
 }
 
 fn main() -> ExitCode {
@@ -80,5 +85,6 @@ fn main() -> ExitCode {
         Command::Checkpoint(args) => checkpoint::run(&args),
         Command::Flight(args) => flight::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Plan(args) => plan::run(&args),
     }
 }

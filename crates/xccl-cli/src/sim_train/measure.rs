@@ -30,6 +30,8 @@ pub struct BlockTimes {
     pub out_elems: usize,
     /// Parameter elements this rank holds for it (what DDP and ZeRO reduce).
     pub params: usize,
+    /// Bytes its forward keeps for its backward, per micro-batch (its `Saved`).
+    pub saved: usize,
     /// The tensor-parallel collectives of its forward: `(kind, bytes of this rank's input)`.
     pub tp_fwd: Vec<(CollKind, usize)>,
     /// Those of its backward.
@@ -170,7 +172,8 @@ fn measure_rank(
     let mut blocks = Vec::new();
     let mut x = ids.clone();
     for (k, b) in model.blocks().iter().enumerate() {
-        x = model.forward_saved(k..k + 1, &x).map_err(err)?.0;
+        let (y, saved) = model.forward_saved(k..k + 1, &x).map_err(err)?;
+        x = y;
         let params = slots.iter().filter(|s| s.0 == k).map(|s| s.1).sum();
         blocks.push(BlockTimes {
             name: b.name().to_string(),
@@ -178,6 +181,7 @@ fn measure_rank(
             bwd: 0.0,
             out_elems: x.elem_count(),
             params,
+            saved: saved.iter().map(|s| s.bytes()).sum(),
             tp_fwd: Vec::new(),
             tp_bwd: Vec::new(),
         });
@@ -387,6 +391,7 @@ mod tests {
             bwd: 0.0,
             out_elems: 1,
             params: 1,
+            saved: 0,
             tp_fwd: vec![],
             tp_bwd: vec![],
         }];

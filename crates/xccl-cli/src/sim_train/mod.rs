@@ -19,13 +19,14 @@ mod predict;
 use std::process::ExitCode;
 
 use xccl::algo::tune::CostModel;
+use xccl_sim::Topology;
 use xccl_sim::spec;
-use xccl_train::config::Strategy;
+use xccl_train::config::{Strategy, TrainConfig};
 use xccl_train::pipeline::stages;
 
 use crate::train::TrainArgs;
 use measure::{Micro, Profile};
-pub use predict::predict;
+pub use predict::{Net, Prediction, predict};
 
 /// Arguments of `xccl sim train`: the flags of `xccl train` for the model, mesh and
 /// strategy, and those of `xccl sim` for the network.
@@ -109,6 +110,108 @@ impl Layout {
     }
 }
 
+/// The modelled machine of a prediction: the network, the cost model, and how a job's
+/// ranks sit on hosts and cores.
+pub struct Machine {
+    /// Hosts and links.
+    pub topo: Topology,
+    /// What ranks spend on a message.
+    pub costs: CostModel,
+    /// Hosts.
+    pub hosts: usize,
+    /// Ranks per host.
+    pub ranks_per_host: usize,
+    /// Compute threads per rank.
+    pub threads: usize,
+    /// This machine's cores, which measure a host's ranks at once.
+    cores: usize,
+}
+
+impl SimTrainArgs {
+    /// The machine these flags model for a job of `ranks` ranks. Sets `RAYON_NUM_THREADS`
+    /// to the ranks' threads when it is not set, so call it before any compute starts.
+    pub fn machine(&self, ranks: usize) -> Result<Machine, String> {
+        if self.hosts == 0 {
+            return Err("--hosts must be at least 1".into());
+        }
+        let rph = self.ranks_per_host.unwrap_or(ranks.div_ceil(self.hosts));
+        if rph == 0 || rph * self.hosts < ranks {
+            return Err(format!(
+                "{} hosts x {rph} ranks per host hold fewer than the job's {ranks} ranks (--dp x --pp x --tp)",
+                self.hosts
+            ));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = self.threads.unwrap_or((cores / ranks.max(1)).max(1));
+        if threads == 0 || self.iters == 0 || self.host_cores == Some(0) {
+            return Err("--threads, --iters and --host-cores must be at least 1".into());
+        }
+        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+            // SAFETY: no other thread runs yet (nothing has started candle, rayon or a
+            // communicator), so nothing reads the environment while it changes.
+            unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
+        }
+        // Freed memory kept for the next allocations, as in train's ranks.
+        crate::train::keep_freed_memory();
+        let mut costs = match &self.tune_file {
+            Some(f) => {
+                let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+                CostModel::default().with_text(f, &text).map_err(|e| e.to_string())?
+            }
+            None => CostModel::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?,
+        };
+        let topo = spec::parse(&self.topology, self.hosts, &costs)?;
+        if !self.topology.starts_with("measured") {
+            costs.tcp.alpha = 1e-6;
+        }
+        if let Some(a) = self.alpha_us {
+            if !a.is_finite() || a < 0.0 {
+                return Err(format!("--alpha-us {a}: a latency in µs"));
+            }
+            costs.tcp.alpha = a * 1e-6;
+        }
+        Ok(Machine { topo, costs, hosts: self.hosts, ranks_per_host: rph, threads, cores })
+    }
+
+    /// The blocks of `config` (a job of `ranks` ranks, sequences of `len` tokens) timed on
+    /// `machine`: measured here with a host's ranks at once, or read from `--from-trace`;
+    /// and the factor by which the modelled host's cores slow (or speed) their compute
+    /// against this machine's.
+    pub fn profile(
+        &self,
+        machine: &Machine,
+        config: &TrainConfig,
+        ranks: usize,
+        len: usize,
+    ) -> Result<(Profile, f64), String> {
+        let dp = config.dp(ranks).map_err(|e| e.to_string())?;
+        let micro = Micro { rows: config.batch.div_ceil(dp * config.accum).max(1), len };
+        let rph = machine.ranks_per_host;
+        let traced = self.from_trace.is_some();
+        let mut profile = measure::measure(
+            &config.model,
+            config.seed,
+            config.tp,
+            config.sp,
+            micro,
+            config.optim,
+            if traced { 1 } else { self.iters },
+            // The ranks this machine would hold of one host, measured at once.
+            if traced { 1 } else { (rph.min(ranks) / config.tp).max(1) },
+        )?;
+        if let Some(path) = &self.from_trace {
+            from_trace(&mut profile, path, self.trace_rank)?;
+        }
+        // The measurement ran a host's ranks at once on this machine's cores; a modelled
+        // host with other cores crowds its ranks' threads more or less.
+        let host_cores = self.host_cores.unwrap_or(machine.cores) as f64;
+        let busy = (rph.min(ranks) * machine.threads) as f64;
+        let there = (busy / host_cores).max(1.0);
+        let here = (busy / machine.cores as f64).max(1.0);
+        Ok((profile, if traced { 1.0 } else { there / here }))
+    }
+}
+
 fn simulate(args: &SimTrainArgs) -> Result<(), String> {
     let t = &args.train;
     if t.worker {
@@ -119,82 +222,25 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         return Err("the parameter server is not modelled: use --strategy ddp (with --zero if wanted)".into());
     }
     let ranks = t.ranks();
-    if args.hosts == 0 {
-        return Err("--hosts must be at least 1".into());
-    }
-    let rph = args.ranks_per_host.unwrap_or(ranks.div_ceil(args.hosts));
-    if rph == 0 || rph * args.hosts < ranks {
-        return Err(format!(
-            "{} hosts x {rph} ranks per host hold fewer than the job's {ranks} ranks (--dp x --pp x --tp)",
-            args.hosts
-        ));
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = args.threads.unwrap_or((cores / ranks).max(1));
-    if threads == 0 || args.iters == 0 || args.host_cores == Some(0) {
-        return Err("--threads, --iters and --host-cores must be at least 1".into());
-    }
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        // SAFETY: no other thread runs yet (nothing has started candle, rayon or a
-        // communicator), so nothing reads the environment while it changes.
-        unsafe { std::env::set_var("RAYON_NUM_THREADS", threads.to_string()) };
-    }
-    // Freed memory kept for the next allocations, as in train's ranks.
-    crate::train::keep_freed_memory();
-    let mut costs = match &args.tune_file {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
-            CostModel::default().with_text(f, &text).map_err(|e| e.to_string())?
-        }
-        None => CostModel::from_lookup(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?,
-    };
-    let topo = spec::parse(&args.topology, args.hosts, &costs)?;
-    if !args.topology.starts_with("measured") {
-        costs.tcp.alpha = 1e-6;
-    }
-    if let Some(a) = args.alpha_us {
-        if !a.is_finite() || a < 0.0 {
-            return Err(format!("--alpha-us {a}: a latency in µs"));
-        }
-        costs.tcp.alpha = a * 1e-6;
-    }
+    let machine = args.machine(ranks)?;
+    let (profile, slowdown) = args.profile(&machine, &config, ranks, task.seq_len())?;
     let dp = config.dp(ranks).map_err(|e| e.to_string())?;
-    let micro = Micro { rows: config.batch.div_ceil(dp * config.accum).max(1), len: task.seq_len() };
-    let mut profile = measure::measure(
-        &config.model,
-        config.seed,
-        config.tp,
-        config.sp,
-        micro,
-        config.optim,
-        if args.from_trace.is_some() { 1 } else { args.iters },
-        // The ranks this machine would hold of one host, measured at once.
-        if args.from_trace.is_some() { 1 } else { (rph.min(ranks) / config.tp).max(1) },
-    )?;
-    if let Some(path) = &args.from_trace {
-        from_trace(&mut profile, path, args.trace_rank)?;
-    }
-    // The measurement ran a host's ranks at once on this machine's cores; a modelled host
-    // with other cores crowds its ranks' threads more or less.
-    let host_cores = args.host_cores.unwrap_or(cores) as f64;
-    let busy = (rph.min(ranks) * threads) as f64;
-    let there = (busy / host_cores).max(1.0);
-    let here = (busy / cores as f64).max(1.0);
-    let slowdown = if args.from_trace.is_some() { 1.0 } else { there / here };
+    let rph = machine.ranks_per_host;
     let layout = Layout { dp, pp: config.pp(), tp: config.tp, ranks_per_host: rph };
-    let net = predict::Net { topo: &topo, costs: &costs };
+    let net = predict::Net { topo: &machine.topo, costs: &machine.costs };
     let p = predict(&config, &profile, layout, &net, slowdown)?;
+    let micro_rows = config.batch.div_ceil(dp * config.accum).max(1);
     println!(
         "# xccl sim train: {} on {} ({} hosts x {rph} ranks), mesh dp {dp} x pp {} x tp {}{}, {}, {} micro-batch(es) of {} rows",
         config.model,
-        topo.name,
-        args.hosts,
+        machine.topo.name,
+        machine.hosts,
         layout.pp,
         layout.tp,
         if config.sp { " (sp)" } else { "" },
         config.strategy,
         config.accum,
-        micro.rows
+        micro_rows
     );
     if let Some(pc) = &config.pipeline {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);

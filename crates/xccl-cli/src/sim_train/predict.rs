@@ -188,12 +188,15 @@ pub fn predict(
     let tp_group = |s: usize| (0..layout.tp).map(|t| layout.rank(s, 0, t)).collect::<Vec<_>>();
     let stage_of = |k: usize| stages.iter().position(|r| r.contains(&k)).unwrap_or(0) % pp.max(1);
     let recompute = config.pipeline.as_ref().is_some_and(|p| p.recompute);
+    // ZeRO-3 runs a block's forward again before its backward only with --recompute (its
+    // last block keeps its parameters, and what it saved, until its backward).
     let zero3 = matches!(&config.strategy, Strategy::Zero(z) if z.stage == 3);
+    let zero3_again = matches!(&config.strategy, Strategy::Zero(z) if z.stage == 3 && z.recompute);
     // Per block: forward compute, its tp time, backward compute, its tp time.
     let mut cost = Vec::new();
     for (k, b) in profile.blocks.iter().enumerate() {
         let g = tp_group(stage_of(k));
-        let fwd_runs = m * (1 + usize::from(recompute || (zero3 && k + 1 < profile.blocks.len())));
+        let fwd_runs = m * (1 + usize::from(recompute || (zero3_again && k + 1 < profile.blocks.len())));
         let mut tp = [0.0; 2];
         for (i, ops) in [&b.tp_fwd, &b.tp_bwd].into_iter().enumerate() {
             for &(kind, bytes) in ops {
@@ -204,7 +207,7 @@ pub fn predict(
     }
     let lanes = match &config.pipeline {
         Some(_) => pipeline_lanes(config, profile, &stages, &cost, &mut sim)?,
-        None if zero3 => vec![zero3_lane(config, profile, &cost, &mut sim)?],
+        None if zero3 => vec![zero3_lane(config, profile, &cost, zero3_again, &mut sim)?],
         None => vec![sequential_lane(m, profile, &cost)],
     };
     let mut best: Option<(f64, usize, f64)> = None;
@@ -260,12 +263,14 @@ fn sequential_lane(m: usize, profile: &Profile, cost: &[[f64; 4]]) -> Lane {
 }
 
 /// ZeRO stage 3: each block's parameters gathered over the data-parallel group just before
-/// it runs (the next block's prefetched as one starts), forwards run again in backward, and
-/// each block's gradient reduce-scattered once its backward is done, all on one stream.
+/// it runs (the next block's prefetched as one starts), gathered again for its backward
+/// (whose forward runs again first when `again`, recomputation), and each block's gradient
+/// reduce-scattered once its backward is done, all on one stream.
 fn zero3_lane(
     config: &TrainConfig,
     profile: &Profile,
     cost: &[[f64; 4]],
+    again: bool,
     sim: &mut Sim,
 ) -> Result<Lane, String> {
     let (n, layout) = (cost.len(), sim.layout);
@@ -299,7 +304,7 @@ fn zero3_lane(
             let c = &cost[k];
             let (comp, comm) = match bwd {
                 false => (c[0], c[1]),
-                true if k + 1 < n => (c[0] + c[2], c[1] + c[3]),
+                true if again && k + 1 < n => (c[0] + c[2], c[1] + c[3]),
                 true => (c[2], c[3]),
             };
             t = start + comp + comm;
