@@ -337,6 +337,15 @@ impl Setup<'_> {
         let mut ranks = Vec::new();
         let mut pipes = Vec::new();
         for local in 0..args.nproc {
+            // A large job takes a while to start: stop starting ranks once Ctrl-C came or a
+            // started one failed (looked at every 16 ranks); `watch` then stops the ranks
+            // started and says why.
+            let failed = |c: &mut Child| matches!(c.try_wait(), Ok(Some(s)) if !s.success());
+            if self.stop.load(Ordering::Relaxed)
+                || (local % 16 == 15 && running.iter_mut().flatten().any(failed))
+            {
+                break;
+            }
             let rank = args.node_rank * args.nproc + local;
             let mut cmd = Command::new(&args.command[0]);
             cmd.args(&args.command[1..]);

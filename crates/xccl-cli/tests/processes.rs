@@ -34,6 +34,7 @@ fn main() {
         ("a failed job prints what every rank was doing (flight records)", flight_records),
         ("the launcher prefixes output with ranks", launcher_prefix),
         ("Ctrl-C stops every rank", launcher_interrupt),
+        ("Ctrl-C and a failed rank stop a job still starting its ranks", launcher_stops_starting),
         ("a wrong secret is refused between processes", wrong_secret),
         ("the launcher removes the segment files a failed job left", launcher_sweeps_segments),
     ];
@@ -489,6 +490,57 @@ fn launcher_interrupt() -> Result<(), String> {
     }
     if status.code() != Some(130) {
         return Err(format!("exit status {status:?}, expected 130"));
+    }
+    Ok(())
+}
+
+/// A job of 20 000 ranks, far more than this machine starts in the seconds the test allows:
+/// Ctrl-C while its ranks start ends it with 130 and no rank left, and a first rank that
+/// fails ends it with that rank's status, both promptly.
+fn launcher_stops_starting() -> Result<(), String> {
+    for (interrupt, program) in [(true, "exec sleep 60"), (false, "exit 3")] {
+        let marker = format!("xccl-starting-test-{}-{interrupt}", std::process::id());
+        let mut child = Command::new(XCCL)
+            .args(["run", "-n", "20000", "--grace", "2", "--", "sh", "-c", &format!("{program} # {marker}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if interrupt {
+            std::thread::sleep(Duration::from_millis(500));
+            let pid = rustix::process::Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
+            rustix::process::kill_process(pid, rustix::process::Signal::INT).map_err(|e| e.to_string())?;
+        }
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let survivors = processes_mentioning(&marker);
+                for pid in &survivors {
+                    if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
+                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                    }
+                }
+                return Err(format!(
+                    "{program}: the launcher did not stop within 20 s ({} ranks running)",
+                    survivors.len()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let survivors = processes_mentioning(&marker);
+        if !survivors.is_empty() {
+            return Err(format!("{program}: {} ranks survived the launcher", survivors.len()));
+        }
+        let expected = if interrupt { 130 } else { 3 };
+        if status.code() != Some(expected) {
+            let mut err = String::new();
+            child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            return Err(format!("{program}: exit status {status:?}, expected {expected}: {err}"));
+        }
     }
     Ok(())
 }
