@@ -1,5 +1,5 @@
-//! Rabenseifner's all-reduce: recursive-halving reduce-scatter then recursive-doubling
-//! all-gather over the participants' blocks. Bandwidth-optimal like the ring (each rank
+//! Rabenseifner's all-reduce: recursive-halving reduce-scatter (partners at distance 1,
+//! 2, 4, …) then the mirror all-gather over the participants' blocks. Bandwidth-optimal like the ring (each rank
 //! moves `2 (p - 1) / p` of the buffer) in `2 log2 p` rounds instead of `2 (p - 1)`.
 //! Non-powers of two fold (see `fold`).
 
@@ -37,14 +37,21 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
             Role::Part { extra: None, .. } => {}
         }
     }
-    // Reduce-scatter: participant v ends holding block v reduced.
+    // Reduce-scatter by recursive halving with the distance doubling (MPICH's order): the
+    // first round, which moves half the buffer, pairs neighbouring participants, and the
+    // rounds that cross farther move less. Ranks are numbered host by host, so on several
+    // hosts the largest exchanges stay inside a host (2 hosts x 2 ranks: half the bytes on
+    // the hosts' links that halving from the farthest partner sends). Each round keeps one
+    // half of the range of blocks still held, by the round's bit of `v`; participant `v`
+    // ends with one block, reduced.
     let (mut lo, mut hi) = (0, f.p);
-    let mut mask = f.p / 2;
-    while mask > 0 {
+    let mut rounds = Vec::new();
+    let mut mask = 1;
+    while mask < f.p {
         let s = p.step();
         if let Role::Part { v, .. } = role {
             let partner = f.rank_of(v ^ mask);
-            let mid = lo + mask;
+            let mid = lo + (hi - lo) / 2;
             let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
             let cur = |a, b| if in_out { out(a, b) } else { blocks.span(Buf::Input, a, b) };
             s.send(partner, cur(give.0, give.1)).recv_reduce(
@@ -53,21 +60,18 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
                 cur(keep.0, keep.1),
             );
             in_out = true;
+            rounds.push((partner, keep, give));
             (lo, hi) = keep;
         }
-        mask /= 2;
-    }
-    // All-gather: the range of finished blocks doubles every round.
-    let mut mask = 1;
-    while mask < f.p {
-        let s = p.step();
-        if let Role::Part { v, .. } = role {
-            let partner = f.rank_of(v ^ mask);
-            let mine = v / mask * mask;
-            let theirs = (v ^ mask) / mask * mask;
-            s.send(partner, out(mine, mine + mask)).recv(partner, out(theirs, theirs + mask));
-        }
         mask <<= 1;
+    }
+    // All-gather: the rounds in reverse, each sending what the rank holds and receiving the
+    // half it gave away there, reduced by the partner.
+    for _ in 1..f.p.max(1).trailing_zeros() + 1 {
+        let s = p.step();
+        if let Some((partner, keep, give)) = rounds.pop() {
+            s.send(partner, out(keep.0, keep.1)).recv(partner, out(give.0, give.1));
+        }
     }
     if f.folds() {
         let s = p.step();
