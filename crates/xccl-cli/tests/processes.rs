@@ -470,24 +470,8 @@ fn launcher_interrupt() -> Result<(), String> {
         .spawn()
         .map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(500));
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            return Err("launcher did not stop within 10 s of Ctrl-C".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // No rank of the job may survive it.
-    let survivors = processes_mentioning(&marker);
-    if !survivors.is_empty() {
-        return Err(format!("ranks survived Ctrl-C: pids {survivors:?}"));
-    }
+    interrupt(&child)?;
+    let status = ends_alone(&mut child, Duration::from_secs(10), &marker)?;
     if status.code() != Some(130) {
         return Err(format!("exit status {status:?}, expected 130"));
     }
@@ -508,33 +492,10 @@ fn launcher_stops_starting() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         if interrupt {
             std::thread::sleep(Duration::from_millis(500));
-            let pid = rustix::process::Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
-            rustix::process::kill_process(pid, rustix::process::Signal::INT).map_err(|e| e.to_string())?;
+            self::interrupt(&child)?;
         }
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                let survivors = processes_mentioning(&marker);
-                for pid in &survivors {
-                    if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
-                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                    }
-                }
-                return Err(format!(
-                    "{program}: the launcher did not stop within 20 s ({} ranks running)",
-                    survivors.len()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let survivors = processes_mentioning(&marker);
-        if !survivors.is_empty() {
-            return Err(format!("{program}: {} ranks survived the launcher", survivors.len()));
-        }
+        let status = ends_alone(&mut child, Duration::from_secs(20), &marker)
+            .map_err(|e| format!("{program}: {e}"))?;
         let expected = if interrupt { 130 } else { 3 };
         if status.code() != Some(expected) {
             let mut err = String::new();
@@ -543,6 +504,42 @@ fn launcher_stops_starting() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Sends Ctrl-C (SIGINT) to the launcher `child`.
+fn interrupt(child: &Child) -> Result<(), String> {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).map_err(|e| e.to_string())
+}
+
+/// Waits up to `limit` for the launcher `child` to exit, then checks that no rank of its job
+/// (a process whose command line holds `marker`) is left; on either failure kills what is
+/// left and says so.
+fn ends_alone(child: &mut Child, limit: Duration, marker: &str) -> Result<std::process::ExitStatus, String> {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let survivors = processes_mentioning(marker);
+    for pid in &survivors {
+        if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    match status {
+        None => {
+            Err(format!("the launcher did not stop within {limit:?} ({} ranks running)", survivors.len()))
+        }
+        Some(_) if !survivors.is_empty() => Err(format!("ranks survived the launcher: pids {survivors:?}")),
+        Some(s) => Ok(s),
+    }
 }
 
 fn wrong_secret() -> Result<(), String> {
