@@ -95,6 +95,7 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             proto: None,
             every_proto: false,
             huge_pages: false,
+            compute_us: 0.0,
         };
         let mut k = bench::case::<f32>(&c, &args, bytes)?;
         bench::run_once(&c, &args, &mut k)?;

@@ -164,6 +164,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             proto: None,
             every_proto: false,
             huge_pages: false,
+            compute_us: 0.0,
         };
         for &algo in Algorithm::for_collective(kind) {
             if !algo.supports(kind, c.size(), &Shape::Count(1)) {

@@ -88,3 +88,33 @@ fn buffers_on_huge_pages_carry_every_collective_between_processes() {
         assert!(stdout.contains("Out of bounds values : 0 OK"), "{coll} {extra:?}\n{}", text(&out));
     }
 }
+
+#[test]
+fn computing_between_runs_is_left_out_of_the_time_and_bad_values_are_refused() {
+    // 200 ms of computing before each of three runs: counted, a run would take at least
+    // that; left out, what remains is the collective and the wait for the later rank.
+    let out = run_ok(xccl().args([
+        "bench",
+        "all_reduce",
+        "--local",
+        "2",
+        "--sizes",
+        "8",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--compute-us",
+        "200000",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout.lines().find(|l| l.trim_start().starts_with("8 ")).expect("a row of 8 bytes");
+    let time: f64 = row.split_whitespace().nth(5).and_then(|t| t.parse().ok()).expect("the time column");
+    assert!(time < 100_000.0, "{time} µs per run counts the computing\n{}", text(&out));
+    for bad in ["-1", "NaN", "1e12"] {
+        let flag = format!("--compute-us={bad}");
+        let out =
+            xccl().args(["bench", "all_reduce", "--local", "2", "--sizes", "8", &flag]).output().unwrap();
+        assert!(!out.status.success() && text(&out).contains("--compute-us"), "{bad}: {}", text(&out));
+    }
+}

@@ -8,7 +8,7 @@
 //! rank's. Buffers are out of place (in place for broadcast), freshly allocated per size, on
 //! the heap or (`--huge-pages`) on 2 MiB pages.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use xccl::algo::{Algorithm, Shape};
 use xccl::protocol::{Protocol, ProtocolPolicy};
@@ -158,6 +158,11 @@ pub struct BenchArgs {
     /// choose per message, as it does by default); with `--every-algo`, for every algorithm.
     #[arg(long)]
     pub every_proto: bool,
+    /// Keep the processor busy this many µs before each timed run, as a training step
+    /// computes between its collectives; the time reported is the collectives' alone. With
+    /// more busy ranks than cores, it measures what an operation waits for its ranks' turns.
+    #[arg(long, default_value_t = 0.0)]
+    pub compute_us: f64,
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -170,6 +175,12 @@ pub fn run(args: &BenchArgs) -> xccl::Result<()> {
         return Err(xccl::Error::Config(
             "--inplace applies to all_reduce (broadcast is always in place)".into(),
         ));
+    }
+    if !(args.compute_us.is_finite() && (0.0..=1e7).contains(&args.compute_us)) {
+        return Err(xccl::Error::Config(format!(
+            "--compute-us {}: µs of computing between runs, from 0 to 10000000",
+            args.compute_us
+        )));
     }
     let mut config = Config::from_env()?;
     if let Some(spec) = &args.proto {
@@ -276,8 +287,16 @@ pub(crate) fn measure<T: Element>(
         .unwrap_or_else(|| (args.target_sec / plan[0].max(1e-9)).clamp(3.0, 20000.0) as usize)
         .max(1);
     c.barrier()?;
-    let t0 = Instant::now();
+    let compute = Duration::from_secs_f64(args.compute_us * 1e-6);
+    let (t0, mut computing) = (Instant::now(), Duration::ZERO);
     for i in 0..iters {
+        if !compute.is_zero() {
+            let start = Instant::now();
+            while start.elapsed() < compute {
+                std::hint::spin_loop();
+            }
+            computing += start.elapsed();
+        }
         run_once(c, args, &mut k)?;
         if args.check_every && !args.inplace {
             let w = wrong(&k);
@@ -286,7 +305,7 @@ pub(crate) fn measure<T: Element>(
             }
         }
     }
-    let dt = t0.elapsed().as_secs_f64() / iters as f64;
+    let dt = t0.elapsed().saturating_sub(computing).as_secs_f64() / iters as f64;
     c.barrier()?;
     if !args.inplace {
         bad += wrong(&k);
