@@ -16,7 +16,6 @@
 //! The ring belongs to the stream: only the thread running operations touches it, as with the
 //! engine, so it needs no lock.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -76,7 +75,9 @@ pub(crate) struct Recorder {
     /// When the recorder was made, on the coarse clock.
     born: u64,
     born_unix: f64,
-    ring: VecDeque<Record>,
+    /// Record `id` at index `id % records`: once the ring has filled, a new record takes the
+    /// oldest one's place, written field by field, with nothing moved.
+    ring: Vec<Record>,
     /// Records pushed so far: the id of the next.
     next: u64,
     written: bool,
@@ -87,7 +88,7 @@ impl Recorder {
     pub fn new(cfg: FlightConfig, rank: usize, size: usize, comm: u64) -> Recorder {
         let born_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         Recorder {
-            ring: VecDeque::with_capacity(cfg.records),
+            ring: Vec::with_capacity(cfg.records),
             cfg,
             rank,
             size,
@@ -103,12 +104,34 @@ impl Recorder {
         if self.cfg.records == 0 {
             return self.next;
         }
-        if self.ring.len() == self.cfg.records {
-            self.ring.pop_front();
+        let id = self.next;
+        let started = now();
+        if self.ring.len() < self.cfg.records {
+            self.ring.push(Record { subject, started, finished: None, error: None });
+        } else if let Some(r) = self.ring.get_mut((id % self.cfg.records as u64) as usize) {
+            r.subject = subject;
+            r.started = started;
+            r.finished = None;
+            r.error = None;
         }
-        self.ring.push_back(Record { subject, started: now(), finished: None, error: None });
         self.next += 1;
-        self.next - 1
+        id
+    }
+
+    /// The record of `id`, if it is still kept.
+    fn get_mut(&mut self, id: u64) -> Option<&mut Record> {
+        let first = self.next - self.ring.len() as u64;
+        if id < first || id >= self.next {
+            return None;
+        }
+        self.ring.get_mut((id % self.cfg.records.max(1) as u64) as usize)
+    }
+
+    /// The records kept, the oldest first.
+    fn oldest_first(&self) -> impl Iterator<Item = &Record> {
+        let start = (self.next - self.ring.len() as u64) % self.cfg.records.max(1) as u64;
+        let (newer, older) = self.ring.split_at(start as usize);
+        older.iter().chain(newer)
     }
 
     /// Collective `desc`, moving `bytes` per rank, starts; returns its record's id.
@@ -123,8 +146,7 @@ impl Recorder {
 
     /// Record `id` ended, well or with `error`.
     pub fn end(&mut self, id: u64, error: Option<&Error>) {
-        let first = self.next - self.ring.len() as u64;
-        if let Some(r) = id.checked_sub(first).and_then(|i| self.ring.get_mut(i as usize)) {
+        if let Some(r) = self.get_mut(id) {
             r.finished = Some(now());
             r.error = error.map(ToString::to_string);
         }
@@ -158,8 +180,7 @@ impl Recorder {
     fn write(&self, path: &Path, error: &Error, queued: &[Queued]) -> std::io::Result<()> {
         let at = |t: u64| t.saturating_sub(self.born) as f64 * 1e-6;
         let mut ops: Vec<serde_json::Value> = self
-            .ring
-            .iter()
+            .oldest_first()
             .map(|r| {
                 let (what, kind, seq, algo, bytes, peer) = match &r.subject {
                     Subject::Coll { desc, bytes } => (

@@ -146,7 +146,7 @@ impl Communicator {
         let engine = Engine::new(group.rank, group.size, group.id, links, tuning);
         let flight = Recorder::new(config.flight.clone(), group.rank, group.size, group.id);
         let stream = Stream::start(group.rank, engine, flight)?;
-        let plans = Mutex::new(Plans::default());
+        let plans = Plans::new();
         let backend = Backend::Native(Native { stream, fabric, plans });
         Ok(Communicator { inner: Arc::new(Inner { backend, group, config, max_tag: u32::MAX }) })
     }
@@ -328,10 +328,8 @@ impl Communicator {
                 .ok_or_else(|| Error::Internal("the link probe kept a handle on the communicator".into()))?;
             inner.config.costs.tcp = tcp;
             // The probe's own calls were planned with the old constants.
-            match &inner.backend {
-                Backend::Native(n) => {
-                    *n.plans.lock().unwrap_or_else(PoisonError::into_inner) = Plans::default()
-                }
+            match &mut inner.backend {
+                Backend::Native(n) => n.plans = Plans::new(),
                 #[cfg(feature = "mpi")]
                 Backend::Mpi(_) => {}
             }

@@ -11,15 +11,15 @@ mod ops;
 mod plans;
 mod probe;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use build::Fabric;
-use plans::{PlanArgs, Plans};
+use plans::{PlanArgs, Plans, Wanted};
 
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::exec::{Bufs, Engine, P2p, Plan};
+use crate::exec::{Bufs, Engine, P2p};
 use crate::stream::{JobOp, Stream};
 use crate::work::{Completion, Event, OpSpan, Work};
 
@@ -78,13 +78,13 @@ struct Native {
     stream: Stream<Engine>,
     fabric: Fabric,
     /// Plans of the collectives called so far, so that a repeated call builds nothing.
-    plans: Mutex<Plans>,
+    plans: Plans,
 }
 
 /// A checked collective, ready for its backend.
 enum Call {
-    /// The native plan.
-    Native(Arc<Plan>),
+    /// The key of the native plan.
+    Native(Wanted),
     /// The MPI call.
     #[cfg(feature = "mpi")]
     Mpi(mpi::Coll),
@@ -235,9 +235,11 @@ impl Communicator {
         // The stream returns after the operation completed: the buffers behind `bufs` stay
         // borrowed until then.
         let (seq, result) = match (call?, &self.inner.backend) {
-            (Call::Native(plan), Backend::Native(n)) => {
-                n.stream.run(|seq| JobOp::Task { task: native::Coll { plan, bufs }, seq })
-            }
+            (Call::Native(want), Backend::Native(n)) => self.with_plan(&n.plans, want, |plan| {
+                // SAFETY: the plan is borrowed until `run` returns, after the collective
+                // completed.
+                n.stream.run(|seq| JobOp::Task { task: unsafe { native::Coll::lent(plan, bufs) }, seq })
+            })?,
             #[cfg(feature = "mpi")]
             (Call::Mpi(coll), Backend::Mpi(m)) => {
                 m.stream.run(|seq| JobOp::Task { task: mpi::Task::coll(coll, bufs), seq })
@@ -262,9 +264,13 @@ impl Communicator {
         // Park the buffers first: moving them does not move their heap memory.
         done.keep(Box::new(keep));
         match (call, &self.inner.backend) {
-            (Call::Native(plan), Backend::Native(n)) => {
-                n.stream.submit(|seq| JobOp::Task { task: native::Coll { plan, bufs }, seq }, done.clone());
-            }
+            (Call::Native(want), Backend::Native(n)) => match self.with_plan(&n.plans, want, Arc::clone) {
+                Ok(plan) => {
+                    let task = |seq| JobOp::Task { task: native::Coll::owned(plan, bufs), seq };
+                    n.stream.submit(task, done.clone());
+                }
+                Err(e) => done.finish(Err(e)),
+            },
             #[cfg(feature = "mpi")]
             (Call::Mpi(coll), Backend::Mpi(m)) => {
                 m.stream.submit(|seq| JobOp::Task { task: mpi::Task::coll(coll, bufs), seq }, done.clone());

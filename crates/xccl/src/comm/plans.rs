@@ -1,8 +1,15 @@
 //! The plan cache and the choice of algorithm: a checked call becomes a plan (native) or an
 //! MPI call, the plan is kept by everything it depends on (`PlanKey`), and the tuner picks
 //! the algorithm from the group's topology unless the configuration names one.
+//!
+//! A thread also keeps the last few plans it ran (`RECENT`): a loop that calls the same
+//! collectives again finds each there, borrowed for the call, without a lock or an atomic
+//! operation (a lock, the key compared and the plan's `Arc` cloned and dropped cost about a
+//! tenth of an 8-byte collective between two processes).
 
-use std::sync::{Arc, PoisonError};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustc_hash::FxHashMap;
 
@@ -20,12 +27,36 @@ use crate::frame::OpDesc;
 use crate::reduce::ReduceOp;
 use crate::schedule::{Buf, Region};
 
-/// The plans of a communicator: the last one used (a loop calling one collective finds it
-/// without hashing its key), and all others by key.
-#[derive(Default)]
+/// The plans of a communicator, by key, under a number no other cache of the process has
+/// had, which names them in the threads' recent plans.
 pub(super) struct Plans {
-    pub(super) last: Option<(PlanKey, Arc<Plan>)>,
-    pub(super) all: FxHashMap<PlanKey, Arc<Plan>>,
+    id: u64,
+    all: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
+}
+
+impl Plans {
+    /// An empty cache under a new number.
+    pub(super) fn new() -> Plans {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Plans { id: NEXT.fetch_add(1, Ordering::Relaxed), all: Mutex::default() }
+    }
+}
+
+/// Plans a thread keeps, the newest first, whichever communicators they are of (a training
+/// step that alternates between a few communicators and bucket sizes finds each one's).
+const RECENT: usize = 8;
+
+/// A plan a thread ran, with the cache it came from.
+struct Recent {
+    cache: u64,
+    key: PlanKey,
+    plan: Arc<Plan>,
+}
+
+thread_local! {
+    /// This thread's recent plans. They outlive their communicator until newer ones push
+    /// them out or the thread ends: a plan refers to nothing else.
+    static RECENT_PLANS: RefCell<Vec<Recent>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Everything a plan depends on (besides the communicator).
@@ -43,6 +74,13 @@ pub(super) struct PlanKey {
 /// Plans kept per communicator before the cache starts over.
 const PLAN_CACHE: usize = 1024;
 
+/// A checked collective call on the native backend: the key of its plan, found (or built)
+/// when it runs, and where its result lies.
+pub(super) struct Wanted {
+    key: PlanKey,
+    result: Option<usize>,
+}
+
 /// What a collective call asks for.
 pub(super) struct PlanArgs {
     pub(super) kind: CollKind,
@@ -59,7 +97,7 @@ pub(super) struct PlanArgs {
 
 impl Communicator {
     /// The algorithm for a collective: the one `XCCL_ALGO` names, else the tuner's pick.
-    pub(super) fn choose<T: Element>(&self, key: &PlanKey) -> Result<Algorithm> {
+    pub(super) fn choose(&self, key: &PlanKey) -> Result<Algorithm> {
         let n = self.size();
         if let Some(algo) = self.inner.config.algos.get(key.kind) {
             if !algo.supports(key.kind, n, &key.shape) {
@@ -76,9 +114,9 @@ impl Communicator {
             key.kind,
             key.root.unwrap_or(0),
             &key.shape,
-            T::DTYPE.size(),
+            key.dtype.size(),
         )?;
-        tracing::info!(rank = self.rank(), "{} of {:?} ({}): {choice}", key.kind, key.shape, T::DTYPE);
+        tracing::info!(rank = self.rank(), "{} of {:?} ({}): {choice}", key.kind, key.shape, key.dtype);
         Ok(choice.algo)
     }
 
@@ -134,14 +172,13 @@ impl Communicator {
         tune::rank(&self.inner.config.costs, &self.placement(), kind, root, shape, dtype.size())
     }
 
-    /// The plan of a collective: from the cache, or built (algorithm, schedule, checks); on
-    /// the MPI backend, the MPI call.
+    /// A checked collective for its backend: on the native backend the key of its plan (see
+    /// [`Communicator::with_plan`]), on the MPI backend the MPI call.
     pub(super) fn plan<T: Element>(&self, p: PlanArgs) -> Result<Call> {
         #[cfg(feature = "mpi")]
         if let Backend::Mpi(_) = &self.inner.backend {
             return mpi::Coll::new(p, T::DTYPE, self.rank(), self.size()).map(Call::Mpi);
         }
-        let native = self.native()?;
         let key = PlanKey {
             kind: p.kind,
             dtype: T::DTYPE,
@@ -151,17 +188,47 @@ impl Communicator {
             shape: p.shape,
             elems: p.elems,
         };
-        let mut plans = native.plans.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((last, plan)) = &plans.last
-            && *last == key
-        {
-            return Ok(Call::Native(plan.clone()));
+        Ok(Call::Native(Wanted { key, result: p.result }))
+    }
+
+    /// Runs `f` on the plan `want` names: one of this thread's recent plans, borrowed while
+    /// `f` runs, else the communicator's cached one, else a new one (algorithm, schedule,
+    /// checks), which becomes this thread's newest.
+    pub(super) fn with_plan<R>(
+        &self,
+        plans: &Plans,
+        want: Wanted,
+        f: impl FnOnce(&Arc<Plan>) -> R,
+    ) -> Result<R> {
+        let mut f = Some(f);
+        let found = RECENT_PLANS.try_with(|recent| {
+            // A thread that plans while it runs a plan (never today) takes the locked path.
+            let r = recent.try_borrow().ok()?;
+            let hit = r.iter().find(|e| e.cache == plans.id && e.key == want.key)?;
+            f.take().map(|f| f(&hit.plan))
+        });
+        if let Ok(Some(out)) = found {
+            return Ok(out);
         }
-        if let Some(plan) = plans.all.get(&key).cloned() {
-            plans.last = Some((key, plan.clone()));
-            return Ok(Call::Native(plan));
+        let plan = self.cached_plan(plans, &want)?;
+        let _ = RECENT_PLANS.try_with(|recent| {
+            if let Ok(mut r) = recent.try_borrow_mut() {
+                r.truncate(RECENT - 1);
+                r.insert(0, Recent { cache: plans.id, key: want.key, plan: plan.clone() });
+            }
+        });
+        let f = f.take().ok_or_else(|| Error::Internal("a plan was run twice".into()))?;
+        Ok(f(&plan))
+    }
+
+    /// The plan `want` names from the communicator's cache, or built and cached.
+    fn cached_plan(&self, plans: &Plans, want: &Wanted) -> Result<Arc<Plan>> {
+        let key = &want.key;
+        let mut all = plans.all.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(plan) = all.get(key) {
+            return Ok(plan.clone());
         }
-        let algo = self.choose::<T>(&key)?;
+        let algo = self.choose(key)?;
         let program = algo::build(
             key.kind,
             algo,
@@ -185,13 +252,12 @@ impl Communicator {
             self.rank(),
             self.size(),
             key.elems,
-            p.result.map(|len| Region::new(Buf::Output, 0, len)),
+            want.result.map(|len| Region::new(Buf::Output, 0, len)),
         )?);
-        if plans.all.len() >= PLAN_CACHE {
-            plans.all.clear();
+        if all.len() >= PLAN_CACHE {
+            all.clear();
         }
-        plans.all.insert(key.clone(), plan.clone());
-        plans.last = Some((key, plan.clone()));
-        Ok(Call::Native(plan))
+        all.insert(key.clone(), plan.clone());
+        Ok(plan)
     }
 }

@@ -2,7 +2,6 @@
 //! frame), how it explains a lost peer (who vanished first, what it said), and what a
 //! timeout reports (which peers were silent, which did not read).
 
-use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,22 +34,28 @@ pub(super) struct Fate {
     /// program aborted the communicator. Checked before each operation and whenever a step
     /// waits.
     pub cancel: Arc<OnceLock<String>>,
-    /// The last collectives run, newest last.
-    history: VecDeque<OpDesc>,
+    /// The last collectives run: the `k`-th at index `k % HISTORY` (a new one overwrites
+    /// the oldest in place).
+    history: Vec<OpDesc>,
+    /// Collectives recorded so far.
+    recorded: usize,
 }
 
 impl Fate {
     /// Notes that collective `desc` ran (the oldest is forgotten past [`HISTORY`]).
     pub fn record(&mut self, desc: OpDesc) {
-        if self.history.len() == HISTORY {
-            self.history.pop_front();
+        if self.history.len() < HISTORY {
+            self.history.push(desc);
+        } else {
+            self.history[self.recorded % HISTORY] = desc;
         }
-        self.history.push_back(desc);
+        self.recorded += 1;
     }
 
     /// The newest remembered collective that `is` says is the one.
     pub fn ran(&self, is: impl Fn(&OpDesc) -> bool) -> Option<&OpDesc> {
-        self.history.iter().rev().find(|d| is(d))
+        let n = self.history.len();
+        (1..=n).map(|k| &self.history[(self.recorded - k) % n.max(1)]).find(|d| is(d))
     }
 }
 

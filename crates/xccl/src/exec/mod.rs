@@ -99,7 +99,7 @@ pub(crate) struct Engine {
     tuning: Tuning,
     scratch: Vec<u64>,
     /// Step buffers kept between steps.
-    spare: StepBufs,
+    spare: Option<Box<StepBufs>>,
     /// Point-to-point messages that arrived before their receives.
     stash: Stash,
     /// What befell the communicator: its failure, the program's abort, what it ran.
@@ -151,7 +151,7 @@ impl Engine {
             links,
             tuning,
             scratch: Vec::new(),
-            spare: StepBufs::default(),
+            spare: None,
             stash: Stash::default(),
             fate: Fate::default(),
         }
@@ -210,7 +210,7 @@ impl Engine {
         self.ensure_alive(|| "send/recv".to_string())?;
         let mut run = StepRun::new(Ctx::P2p, self.nranks, self.take_bufs());
         let res = self.run_step(&mut run, Some(feed)).map_err(|e| self.explain(e));
-        self.spare = run.into_bufs();
+        self.spare = Some(run.into_bufs());
         if let Err(e) = &res {
             self.abort(e);
         }

@@ -56,7 +56,7 @@ impl Engine {
             } else {
                 self.run_step(&mut run, None)?;
             }
-            self.spare = run.into_bufs();
+            self.spare = Some(run.into_bufs());
         }
         // Only an average needs a last pass over the result.
         if let (Some(op @ ReduceOp::Avg), Some(r)) = (desc.op, plan.result) {
@@ -68,9 +68,9 @@ impl Engine {
         Ok(())
     }
 
-    /// The step buffers kept from the last step (empty after a failed one).
-    pub(super) fn take_bufs(&mut self) -> StepBufs {
-        std::mem::take(&mut self.spare)
+    /// The step buffers kept from the last step (new ones after a failed step).
+    pub(super) fn take_bufs(&mut self) -> Box<StepBufs> {
+        self.spare.take().unwrap_or_default()
     }
 
     /// Runs a step to completion. With a `feed` (point-to-point batches), operations issued

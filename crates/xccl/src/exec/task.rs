@@ -172,46 +172,55 @@ pub(super) unsafe fn fold(
 }
 
 /// The buffers of a step being run, kept by the engine between steps so that running one
-/// allocates nothing.
+/// allocates nothing. Boxed, and handed from step to step as one pointer: moving the
+/// vectors themselves in and out of the engine made the processor read back, in pieces of
+/// other widths, stores it had just made, and such a load waits until every earlier store
+/// has reached the cache, also those that just put a message on the peer's LL line.
 #[derive(Default)]
 pub(super) struct StepBufs {
-    tasks: Vec<Task>,
-    /// The ordering dependencies of all tasks: (earlier task, segment by segment?).
-    deps: Vec<(usize, bool)>,
-    /// Per peer, its send and receive tasks in order.
-    sends: Vec<Vec<usize>>,
-    recvs: Vec<Vec<usize>>,
-    /// Peers with tasks, whose lists above need clearing.
-    touched: Vec<usize>,
-}
-
-/// One step being run.
-pub(super) struct StepRun<'a> {
-    pub ctx: Ctx<'a>,
     pub tasks: Vec<Task>,
     /// The ordering dependencies of all tasks: (earlier task, segment by segment?).
     deps: Vec<(usize, bool)>,
     /// Per peer, its send and receive tasks in order.
     sends: Vec<Vec<usize>>,
     recvs: Vec<Vec<usize>>,
-    /// Peers the step talks to.
+    /// Peers the step talks to (those whose lists above need clearing).
     pub touched: Vec<usize>,
 }
 
+/// One step being run: what it is part of, and its buffers (reached through it: `run.tasks`).
+pub(super) struct StepRun<'a> {
+    pub ctx: Ctx<'a>,
+    bufs: Box<StepBufs>,
+}
+
+impl std::ops::Deref for StepRun<'_> {
+    type Target = StepBufs;
+    fn deref(&self) -> &StepBufs {
+        &self.bufs
+    }
+}
+
+impl std::ops::DerefMut for StepRun<'_> {
+    fn deref_mut(&mut self) -> &mut StepBufs {
+        &mut self.bufs
+    }
+}
+
 impl<'a> StepRun<'a> {
-    /// An empty step over `nranks` ranks, reusing `bufs`.
-    pub fn new(ctx: Ctx<'a>, nranks: usize, bufs: StepBufs) -> Self {
-        let StepBufs { mut tasks, mut deps, mut sends, mut recvs, mut touched } = bufs;
-        tasks.clear();
-        deps.clear();
-        for &p in &touched {
-            sends[p].clear();
-            recvs[p].clear();
+    /// An empty step over `nranks` ranks, in the buffers of an earlier one.
+    pub fn new(ctx: Ctx<'a>, nranks: usize, mut bufs: Box<StepBufs>) -> Self {
+        let b = &mut *bufs;
+        b.tasks.clear();
+        b.deps.clear();
+        for &p in &b.touched {
+            b.sends[p].clear();
+            b.recvs[p].clear();
         }
-        touched.clear();
-        sends.resize_with(nranks, Vec::new);
-        recvs.resize_with(nranks, Vec::new);
-        StepRun { ctx, tasks, deps, sends, recvs, touched }
+        b.touched.clear();
+        b.sends.resize_with(nranks, Vec::new);
+        b.recvs.resize_with(nranks, Vec::new);
+        StepRun { ctx, bufs }
     }
 
     /// Whether this is a step of a collective whose data flows one way (broadcast, scatter,
@@ -221,9 +230,8 @@ impl<'a> StepRun<'a> {
     }
 
     /// Gives the buffers back for the next step.
-    pub fn into_bufs(self) -> StepBufs {
-        let StepRun { tasks, deps, sends, recvs, touched, .. } = self;
-        StepBufs { tasks, deps, sends, recvs, touched }
+    pub fn into_bufs(self) -> Box<StepBufs> {
+        self.bufs
     }
 
     /// Adds task `t` after the others, with the dependencies given.
@@ -435,7 +443,7 @@ mod tests {
     #[test]
     fn a_forwarding_send_goes_as_far_as_its_receive_has_come() {
         let mut mem = vec![0u8; 64];
-        let mut run = StepRun::new(Ctx::P2p, 3, StepBufs::default());
+        let mut run = StepRun::new(Ctx::P2p, 3, Box::default());
         let recv = run.push(Task::new(
             Act::Recv { peer: 1, with: None },
             span(&mut mem, 0, 32),
@@ -503,7 +511,7 @@ mod tests {
                 planned(PlannedAct::Recv { peer: 1, with: None }, 24, 1, Protocol::Stream),
             ],
         };
-        let mut run = StepRun::new(Ctx::Coll { desc: &desc, step: 0 }, 2, StepBufs::default());
+        let mut run = StepRun::new(Ctx::Coll { desc: &desc, step: 0 }, 2, Box::default());
         let base = mem.as_mut_ptr();
         // Every region lies inside `mem`, which outlives the run.
         run.load(&step, |r| Span { ptr: base.wrapping_add(r.off), len: r.len });

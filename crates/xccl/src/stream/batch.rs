@@ -36,7 +36,7 @@ impl<B: Backend> P2pFeed for QueueFeed<'_, B> {
         let mut take = |job: Job<B::Task>| {
             if let JobOp::P2p { msg } = job.op {
                 into.push(msg);
-                // SAFETY: the feed runs on the thread that set `busy`, inside `run`, which
+                // SAFETY: the feed runs on the thread that set `BUSY`, inside `run`, which
                 // holds no reference to the recorder while the backend runs the batch.
                 let id = unsafe { self.shared.flight() }.p2p(msg.send, msg.peer, msg.tag, msg.dtype, msg.len);
                 self.jobs.push((msg, job.done, job.issued, self.shared.stamp(), id));
@@ -47,7 +47,7 @@ impl<B: Backend> P2pFeed for QueueFeed<'_, B> {
         }
         let mut q = self.shared.queue();
         while matches!(q.jobs.front(), Some(Job { op: JobOp::P2p { .. }, .. })) {
-            if let Some(job) = q.jobs.pop_front() {
+            if let Some(job) = self.shared.pop(&mut q) {
                 take(job);
             }
         }

@@ -5,7 +5,9 @@
 //! Blocking calls and asynchronous calls share one order. A blocking call made while the
 //! stream is idle (nothing queued, nothing running) runs at once on the caller's thread and
 //! returns its result directly, sparing two thread hand-offs; otherwise it queues behind what
-//! is there and waits.
+//! is there and waits. Whether the stream is idle, and the next sequence number, are one
+//! atomic word (`State`): an operation run on the caller's thread costs one atomic operation
+//! to start and one to end, and takes the queue's lock only if someone queued meanwhile.
 //!
 //! Point-to-point operations form batches (`batch.rs`): a batch takes in every
 //! point-to-point operation issued while it runs, progresses them all at once and completes
@@ -19,7 +21,7 @@ use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -64,20 +66,68 @@ impl<T> Job<T> {
 
 struct Queue<T> {
     jobs: VecDeque<Job<T>>,
-    /// Someone (the progress thread or an inline caller) is running operations.
-    busy: bool,
-    /// Collective sequence numbers handed out so far.
-    next_seq: u64,
     /// Set when the communicator is dropped: how to say goodbye once the queue is empty.
     closing: Option<Farewell>,
 }
 
+/// The stream's state word: the collective sequence numbers handed out so far (from bit 2),
+/// whether someone (the progress thread or an inline caller) is running operations
+/// ([`BUSY`]), and whether the queue holds jobs or a farewell ([`QUEUED`]).
+///
+/// `BUSY` is set only when `QUEUED` is clear (by a caller about to run inline) or under the
+/// queue's lock (by the progress thread); `QUEUED` and the sequence number of a queued job
+/// change together, under the queue's lock. So a caller that finds both flags clear and sets
+/// `BUSY` with the next number in one step runs before anything issued after it, and one
+/// that clears `BUSY` and finds `QUEUED` set wakes the progress thread (taking the lock, so
+/// that the wake-up cannot fall between the progress thread's look and its wait).
+struct State(AtomicU64);
+
+/// Someone runs operations: only they may touch the backend and the recorder.
+const BUSY: u64 = 1;
+/// The queue holds jobs, or the farewell.
+const QUEUED: u64 = 2;
+/// One sequence number in the state word.
+const SEQ: u64 = 4;
+
+impl State {
+    /// Sets `BUSY` if the stream is idle and nothing is queued, taking the next sequence
+    /// number if `sequenced`; returns that number.
+    fn claim(&self, sequenced: bool) -> Option<u64> {
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            if s & (BUSY | QUEUED) != 0 {
+                return None;
+            }
+            let next = (s | BUSY) + if sequenced { SEQ } else { 0 };
+            // Acquire: the backend as the last one to run left it.
+            match self.0.compare_exchange_weak(s, next, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Some(s / SEQ),
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Changes the word by `f` in one step; returns the old word.
+    fn update(&self, f: impl Fn(u64) -> u64) -> u64 {
+        match self.0.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| Some(f(s))) {
+            Ok(s) | Err(s) => s,
+        }
+    }
+
+    /// Clears `BUSY`; returns whether jobs are queued.
+    fn release(&self) -> bool {
+        // Release: what the backend did, for the next one to run.
+        self.0.fetch_and(!BUSY, Ordering::Release) & QUEUED != 0
+    }
+}
+
 struct Shared<B: Backend> {
     queue: Mutex<Queue<B::Task>>,
+    state: State,
     cv: Condvar,
-    /// Used only by whoever set `busy` (see [`Shared::backend`]).
+    /// Used only by whoever set `BUSY` (see [`Shared::backend`]).
     backend: UnsafeCell<B>,
-    /// The flight recorder, used only by whoever set `busy` (see [`Shared::flight`]).
+    /// The flight recorder, used only by whoever set `BUSY` (see [`Shared::flight`]).
     flight: UnsafeCell<Recorder>,
     /// An operation panicked inside the backend: its streams may be in the middle of a frame.
     poisoned: AtomicBool,
@@ -91,8 +141,8 @@ struct Shared<B: Backend> {
 }
 
 // SAFETY: everything in `Shared` is synchronised by its own lock or is atomic, except the
-// backend and the recorder, which only the thread that set `busy` under the queue's lock
-// uses (`Shared::backend`, `Shared::flight`).
+// backend and the recorder, which only the thread that set `BUSY` in the state word uses
+// (`Shared::backend`, `Shared::flight`).
 unsafe impl<B: Backend> Sync for Shared<B> {}
 
 impl<B: Backend> Shared<B> {
@@ -100,17 +150,17 @@ impl<B: Backend> Shared<B> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The backend, for the one who set `busy` (a plain flag under the queue's lock rather
-    /// than a second lock, which would cost two more atomic operations per operation). If an
+    /// The backend, for the one who set `BUSY` (a flag of the state word rather than a
+    /// second lock, which would cost two more atomic operations per operation). If an
     /// earlier operation panicked inside it, it is failed first, since its streams may be in
     /// the middle of a frame.
     ///
     /// # Safety
-    /// The caller set `busy` (or is the progress thread closing the stream, when no one else
-    /// can issue) and keeps it set while the returned value lives.
+    /// The caller set `BUSY` and keeps it set while the returned value lives.
     unsafe fn backend(&self) -> BackendRef<'_, B> {
-        // SAFETY: `busy` is set by one thread at a time (under the queue's lock), and only that
-        // thread reaches the backend, so this is the only reference to it.
+        // SAFETY: `BUSY` is set by one thread at a time (`State::claim` and the progress
+        // thread's update are atomic), and only that thread reaches the backend, so this is
+        // the only reference to it.
         let backend = unsafe { &mut *self.backend.get() };
         if self.poisoned.load(Ordering::Relaxed) {
             self.poisoned.store(false, Ordering::Relaxed);
@@ -122,11 +172,11 @@ impl<B: Backend> Shared<B> {
     /// The flight recorder.
     ///
     /// # Safety
-    /// As for [`Shared::backend`]: the caller set `busy` and keeps it set while the returned
+    /// As for [`Shared::backend`]: the caller set `BUSY` and keeps it set while the returned
     /// reference lives, and holds no other reference from this function.
     #[allow(clippy::mut_from_ref)]
     unsafe fn flight(&self) -> &mut Recorder {
-        // SAFETY: only the thread that set `busy` calls this, once at a time (the caller's
+        // SAFETY: only the thread that set `BUSY` calls this, once at a time (the caller's
         // contract), so this is the only reference to the recorder.
         unsafe { &mut *self.flight.get() }
     }
@@ -153,6 +203,16 @@ impl<B: Backend> Shared<B> {
         }
     }
 
+    /// Takes the first queued job, clearing `QUEUED` if it was the last and no farewell
+    /// waits. The caller holds the queue's lock (`q`) and has set `BUSY`.
+    fn pop(&self, q: &mut Queue<B::Task>) -> Option<Job<B::Task>> {
+        let job = q.jobs.pop_front()?;
+        if q.jobs.is_empty() && q.closing.is_none() {
+            self.state.update(|s| s & !QUEUED);
+        }
+        Some(job)
+    }
+
     /// The time, if recording.
     fn stamp(&self) -> Option<Instant> {
         self.recording.load(Ordering::Relaxed).then(Instant::now)
@@ -175,15 +235,24 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Queues `job` behind everything there.
-    fn enqueue(&self, mut q: MutexGuard<'_, Queue<B::Task>>, job: Job<B::Task>) {
-        let busy = q.busy;
-        q.jobs.push_back(job);
+    /// Queues the job `make` builds from the next collective sequence number (if
+    /// `sequenced`) behind everything there; returns the number.
+    fn enqueue(
+        &self,
+        mut q: MutexGuard<'_, Queue<B::Task>>,
+        sequenced: bool,
+        make: impl FnOnce(u64) -> Job<B::Task>,
+    ) -> u64 {
+        let s = self.state.update(|s| (s | QUEUED) + if sequenced { SEQ } else { 0 });
+        q.jobs.push_back(make(s / SEQ));
         drop(q);
         self.cv.notify_one();
-        if busy && let Some(s) = &self.signals {
-            s.waker.wake();
+        if s & BUSY != 0
+            && let Some(sig) = &self.signals
+        {
+            sig.waker.wake();
         }
+        s / SEQ
     }
 }
 
@@ -219,13 +288,11 @@ struct BusyGuard<'a, B: Backend>(&'a Shared<B>);
 
 impl<B: Backend> Drop for BusyGuard<'_, B> {
     fn drop(&mut self) {
-        let mut q = self.0.queue();
-        q.busy = false;
         // Wake the progress thread only if it has something to do: waking it for nothing on
-        // every inline operation would cost a context switch each time.
-        let work = !q.jobs.is_empty() || q.closing.is_some();
-        drop(q);
-        if work {
+        // every inline operation would cost a context switch each time. Taking the lock
+        // first: the progress thread looks at the state and waits under it.
+        if self.0.state.release() {
+            drop(self.0.queue());
             self.0.cv.notify_all();
         }
     }
@@ -242,7 +309,8 @@ impl<B: Backend> Stream<B> {
     /// Starts the progress thread of `rank` around `backend`, recording into `flight`.
     pub fn start(rank: usize, backend: B, flight: Recorder) -> Result<Stream<B>> {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue { jobs: VecDeque::new(), busy: false, next_seq: 0, closing: None }),
+            queue: Mutex::new(Queue { jobs: VecDeque::new(), closing: None }),
+            state: State(AtomicU64::new(0)),
             cv: Condvar::new(),
             signals: backend.signals(),
             backend: UnsafeCell::new(backend),
@@ -275,51 +343,42 @@ impl<B: Backend> Stream<B> {
     /// Queues an operation built from the next collective sequence number; its outcome goes
     /// to `done`. Returns the sequence number.
     pub fn submit(&self, make: impl FnOnce(u64) -> JobOp<B::Task>, done: Arc<Completion>) -> u64 {
-        let mut q = self.shared.queue();
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        let job = Job { op: make(seq), issued: self.shared.stamp(), done: Some(done) };
-        self.shared.enqueue(q, job);
-        seq
+        let issued = self.shared.stamp();
+        self.shared.enqueue(self.shared.queue(), true, |seq| Job { op: make(seq), issued, done: Some(done) })
     }
 
     /// Queues an operation that takes no sequence number (point-to-point, marker).
     pub fn submit_unsequenced(&self, op: JobOp<B::Task>, done: Arc<Completion>) {
         let job = Job { op, issued: self.shared.stamp(), done: Some(done) };
-        self.shared.enqueue(self.shared.queue(), job);
+        self.shared.enqueue(self.shared.queue(), false, |_| job);
     }
 
     /// Runs an operation built from the next collective sequence number and returns the
     /// number and the outcome once it has completed: on this thread if the stream is idle,
     /// else after what is queued.
     pub fn run(&self, make: impl FnOnce(u64) -> JobOp<B::Task>) -> (u64, Result<()>) {
-        let mut q = self.shared.queue();
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        let op = make(seq);
-        (seq, self.run_or_queue(q, op))
+        self.run_or_queue(true, make)
     }
 
     /// Runs an operation without sequence number like [`Stream::run`].
     pub fn run_unsequenced(&self, op: JobOp<B::Task>) -> Result<()> {
-        self.run_or_queue(self.shared.queue(), op)
+        self.run_or_queue(false, |_| op).1
     }
 
-    fn run_or_queue(&self, mut q: MutexGuard<'_, Queue<B::Task>>, op: JobOp<B::Task>) -> Result<()> {
+    fn run_or_queue(&self, sequenced: bool, make: impl FnOnce(u64) -> JobOp<B::Task>) -> (u64, Result<()>) {
         let issued = self.shared.stamp();
-        if q.busy || !q.jobs.is_empty() {
+        let Some(seq) = self.shared.state.claim(sequenced) else {
             let done = Arc::new(Completion::default());
-            self.shared.enqueue(q, Job { op, issued, done: Some(done.clone()) });
-            return done.wait_result();
-        }
-        q.busy = true;
-        drop(q);
+            let job = |seq| Job { op: make(seq), issued, done: Some(done.clone()) };
+            let seq = self.shared.enqueue(self.shared.queue(), sequenced, job);
+            return (seq, done.wait_result());
+        };
         // Cleared even if the operation panics, so the stream never stays busy forever.
         let _busy = BusyGuard(&self.shared);
-        // SAFETY: this thread set `busy` above; `backend`, declared after `_busy`, is dropped
-        // before it clears `busy`.
+        // SAFETY: this thread set `BUSY` above; `backend`, declared after `_busy`, is dropped
+        // before it clears `BUSY`.
         let mut backend = unsafe { self.shared.backend() };
-        run(&self.shared, &mut backend, Job { op, issued, done: None })
+        (seq, run(&self.shared, &mut backend, Job { op: make(seq), issued, done: None }))
     }
 
     /// Aborts the communicator from any thread: the operation in progress fails at its next
@@ -348,7 +407,10 @@ impl<B: Backend> Drop for Stream<B> {
         } else {
             Farewell::Goodbye
         };
-        self.shared.queue().closing = Some(farewell);
+        let mut q = self.shared.queue();
+        q.closing = Some(farewell);
+        self.shared.state.update(|s| s | QUEUED);
+        drop(q);
         self.shared.cv.notify_one();
         if let Some(t) = self.thread.take() {
             // The thread catches panics of operations, so a join error is a panic elsewhere
@@ -365,15 +427,16 @@ fn progress<B: Backend>(shared: &Shared<B>) {
         let job = {
             let mut q = shared.queue();
             loop {
-                if !q.busy {
-                    if let Some(job) = q.jobs.pop_front() {
-                        q.busy = true;
+                let idle = shared.state.0.load(Ordering::Acquire) & BUSY == 0;
+                if idle && (!q.jobs.is_empty() || q.closing.is_some()) {
+                    // `QUEUED` is set, so no inline caller sets `BUSY` meanwhile.
+                    shared.state.update(|s| s | BUSY);
+                    if let Some(job) = shared.pop(&mut q) {
                         break job;
                     }
                     if let Some(farewell) = q.closing.take() {
-                        q.busy = true;
                         drop(q);
-                        // SAFETY: `busy` is set and the stream is being dropped: no one else
+                        // SAFETY: `BUSY` is set and the stream is being dropped: no one else
                         // issues operations any more.
                         unsafe { shared.backend() }.close(farewell);
                         return;
@@ -385,7 +448,7 @@ fn progress<B: Backend>(shared: &Shared<B>) {
         let _busy = BusyGuard(shared);
         let done = job.done.clone();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: this thread set `busy` above; `_busy` clears it after the backend is
+            // SAFETY: this thread set `BUSY` above; `_busy` clears it after the backend is
             // dropped.
             let mut backend = unsafe { shared.backend() };
             run(shared, &mut backend, job)
@@ -403,7 +466,7 @@ fn run<B: Backend>(shared: &Shared<B>, backend: &mut B, job: Job<B::Task>) -> Re
     let started = shared.stamp();
     match &job.op {
         JobOp::Task { task, seq } => {
-            // SAFETY: `run` is called by the thread that set `busy`; the reference ends with
+            // SAFETY: `run` is called by the thread that set `BUSY`; the reference ends with
             // this arm and the backend does not reach the recorder.
             let flight = unsafe { shared.flight() };
             let id = task.flight(*seq).map(|(desc, bytes)| flight.coll(desc, bytes));
@@ -426,3 +489,6 @@ fn run<B: Backend>(shared: &Shared<B>, backend: &mut B, job: Job<B::Task>) -> Re
         JobOp::P2p { .. } => batch::run(shared, backend, job),
     }
 }
+
+#[cfg(test)]
+mod tests;
