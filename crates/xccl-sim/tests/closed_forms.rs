@@ -172,3 +172,39 @@ fn every_algorithm_of_every_collective_finishes_on_64_ranks() {
         }
     }
 }
+
+#[test]
+fn rabenseifner_on_two_hosts_of_two_ranks_sends_the_buffer_once_each_way_between_them() {
+    // Its halving rounds pair ranks 1 apart first (inside a host, half the buffer each),
+    // then 2 apart (across, a quarter each): each host's link carries S/2 per direction in
+    // the reduce-scatter and S/2 in the all-gather, so S/B in all, against the ring's 3S/2B
+    // (and 2S/B for halving from the farthest partner first).
+    let bw = 0.25e9;
+    let count = 16usize << 20;
+    let s = 4.0 * count as f64;
+    let placement = vec![0, 0, 1, 1];
+    let t = |algo| {
+        simulate(
+            &Topology::star(2, bw, 0.0),
+            &model(0.0),
+            &placement,
+            &call(CollKind::AllReduce, algo, Shape::Count(count)),
+        )
+        .unwrap()
+        .time
+    };
+    // Inside the hosts, two rounds in which both ranks of a host move S/2 through its memory
+    // (6 GB/s, shared), 1.5 µs each.
+    let inside = 2.0 * (1.5e-6 + s / 6e9);
+    let rab = t(Algorithm::Rabenseifner);
+    assert!(
+        (rab - (s / bw + inside)).abs() <= 0.01 * rab,
+        "rabenseifner {rab:.6} s, closed form {:.6}",
+        s / bw + inside
+    );
+    assert!(
+        rab < 0.75 * t(Algorithm::Ring),
+        "rabenseifner {rab:.6} s against the ring's {:.6}",
+        t(Algorithm::Ring)
+    );
+}
