@@ -31,8 +31,10 @@ use crate::sim_train::measure::Profile;
 use crate::sim_train::{self, Layout, Prediction, SimTrainArgs, predict};
 use crate::train::TrainArgs;
 
-/// Arguments of `xccl plan`.
+/// Arguments of `xccl plan`. What it searches (`xccl train`'s mesh, schedule, micro-batch,
+/// ZeRO, sequence-parallel and recomputation flags) is left out of its help.
 #[derive(clap::Args, Debug)]
+#[command(mut_args(hide_searched))]
 pub struct PlanArgs {
     /// The model and batch (`xccl train`'s flags; the mesh, schedule, micro-batches, ZeRO
     /// stage, sequence parallelism and recomputation are searched, not given) and the
@@ -263,6 +265,34 @@ pub fn run(args: &PlanArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `xccl train`'s flags that the planner searches or that do not apply to a plan.
+const SEARCHED: &[&str] = &[
+    "dp",
+    "tp",
+    "pp",
+    "sp",
+    "schedule",
+    "virtual_stages",
+    "accum",
+    "zero",
+    "recompute",
+    "strategy",
+    "staleness",
+    "servers",
+    "dedicated_servers",
+    "steps",
+    "checkpoint_every",
+    "resume",
+    "max_restarts",
+    "out",
+];
+
+/// Hides a searched flag from `xccl plan --help`.
+fn hide_searched(a: clap::Arg) -> clap::Arg {
+    let hidden = a.is_hide_set() || SEARCHED.contains(&a.get_id().as_str());
+    a.hide(hidden)
 }
 
 fn plan(args: &PlanArgs) -> Result<(), String> {
