@@ -1,6 +1,7 @@
-//! Rabenseifner's all-reduce: recursive-halving reduce-scatter (partners at distance 1,
-//! 2, 4, …) then the mirror all-gather over the participants' blocks. Bandwidth-optimal like the ring (each rank
-//! moves `2 (p - 1) / p` of the buffer) in `2 log2 p` rounds instead of `2 (p - 1)`.
+//! Rabenseifner's all-reduce: recursive-halving reduce-scatter (partners at distance 1, 2,
+//! 4, …) then the mirror all-gather over the participants' blocks. Bandwidth-optimal like
+//! the ring (each rank moves `2 (p - 1) / p` of the buffer) in `2 log2 p` rounds instead of
+//! `2 (p - 1)`.
 //! Non-powers of two fold (see `fold`).
 
 use super::fold::{Fold, Role};
@@ -65,9 +66,10 @@ pub fn all_reduce(rank: usize, n: usize, count: usize) -> Program {
         }
         mask <<= 1;
     }
-    // All-gather: the rounds in reverse, each sending what the rank holds and receiving the
-    // half it gave away there, reduced by the partner.
-    for _ in 1..f.p.max(1).trailing_zeros() + 1 {
+    // All-gather: the rounds in reverse. Each sends the half the rank kept in that round,
+    // complete once the later rounds are mirrored, and receives the half it gave away there,
+    // which the partner kept and completed alike.
+    for _ in 0..f.p.max(1).trailing_zeros() {
         let s = p.step();
         if let Some((partner, keep, give)) = rounds.pop() {
             s.send(partner, out(keep.0, keep.1)).recv(partner, out(give.0, give.1));
