@@ -5,6 +5,8 @@
 //! restored exactly, and held in shards (a parameter-server shard owns the state of its
 //! elements). Updates are element-wise and deterministic.
 
+use multiversion::multiversion;
+
 use crate::error::{Error, Result};
 use crate::params::Chunks;
 
@@ -196,35 +198,71 @@ impl Optimizer {
         let t = self.steps.max(1) as i32;
         match self.config {
             OptimConfig::Sgd { lr, momentum, weight_decay } => {
-                let (lr, mu, wd) = (lr as f32, momentum as f32, weight_decay as f32);
-                let b = &mut self.state[0][range];
-                for ((p, b), &g) in params.iter_mut().zip(b).zip(grads) {
-                    let g = g + wd * *p;
-                    *b = mu * *b + g;
-                    *p -= lr * *b;
-                }
+                let k = SgdStep { lr: lr as f32, mu: momentum as f32, wd: weight_decay as f32 };
+                sgd(params, &mut self.state[0][range], grads, &k);
             }
             OptimConfig::AdamW { lr, beta1, beta2, eps, weight_decay } => {
-                let decay = (1.0 - lr * weight_decay) as f32;
-                let (b1, b2) = (beta1 as f32, beta2 as f32);
-                let (c1, c2) = ((1.0 - beta1) as f32, (1.0 - beta2) as f32);
-                let scale_m = (1.0 / (1.0 - beta1.powi(t))) as f32;
-                let scale_v = (1.0 / (1.0 - beta2.powi(t))) as f32;
-                let (lr, eps) = (lr as f32, eps as f32);
+                let k = AdamWStep {
+                    decay: (1.0 - lr * weight_decay) as f32,
+                    b1: beta1 as f32,
+                    b2: beta2 as f32,
+                    c1: (1.0 - beta1) as f32,
+                    c2: (1.0 - beta2) as f32,
+                    scale_m: (1.0 / (1.0 - beta1.powi(t))) as f32,
+                    scale_v: (1.0 / (1.0 - beta2.powi(t))) as f32,
+                    lr: lr as f32,
+                    eps: eps as f32,
+                };
                 let [m, v] = &mut self.state[..] else {
                     return Err(Error::internal("AdamW without its two moments"));
                 };
-                for (((p, m), v), &g) in
-                    params.iter_mut().zip(&mut m[range.clone()]).zip(&mut v[range]).zip(grads)
-                {
-                    *m = b1 * *m + c1 * g;
-                    *v = b2 * *v + c2 * g * g;
-                    let update = (*m * scale_m) / ((*v * scale_v).sqrt() + eps);
-                    *p = *p * decay - lr * update;
-                }
+                adamw(params, &mut m[range.clone()], &mut v[range], grads, &k);
             }
         }
         Ok(())
+    }
+}
+
+/// The constants of one SGD step.
+struct SgdStep {
+    lr: f32,
+    mu: f32,
+    wd: f32,
+}
+
+/// SGD with momentum and weight decay on equally long slices (compiled also for AVX2 and
+/// AVX-512, chosen at run time; every version computes the same bits: no operation is fused
+/// or reordered).
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx512dq+avx512bw", "x86_64+avx2+fma"))]
+fn sgd(params: &mut [f32], b: &mut [f32], grads: &[f32], k: &SgdStep) {
+    for ((p, b), &g) in params.iter_mut().zip(b).zip(grads) {
+        let g = g + k.wd * *p;
+        *b = k.mu * *b + g;
+        *p -= k.lr * *b;
+    }
+}
+
+/// The constants of one AdamW step (the bias corrections of step `t` included).
+struct AdamWStep {
+    decay: f32,
+    b1: f32,
+    b2: f32,
+    c1: f32,
+    c2: f32,
+    scale_m: f32,
+    scale_v: f32,
+    lr: f32,
+    eps: f32,
+}
+
+/// AdamW on equally long slices, as [`sgd`] is compiled.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx512dq+avx512bw", "x86_64+avx2+fma"))]
+fn adamw(params: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[f32], k: &AdamWStep) {
+    for (((p, m), v), &g) in params.iter_mut().zip(m).zip(v).zip(grads) {
+        *m = k.b1 * *m + k.c1 * g;
+        *v = k.b2 * *v + k.c2 * g * g;
+        let update = (*m * k.scale_m) / ((*v * k.scale_v).sqrt() + k.eps);
+        *p = *p * k.decay - k.lr * update;
     }
 }
 

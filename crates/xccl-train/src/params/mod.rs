@@ -285,6 +285,55 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// Runs `f` on its current values (resident, contiguous f32) in place: no copy, no new
+    /// variable. Whoever holds its tensor sees the new values (an optimiser step comes after
+    /// every backward that read them).
+    fn update(&self, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+        let op = InPlace {
+            f: std::cell::Cell::new(Some(f)),
+            len: self.range().len(),
+            result: std::cell::Cell::new(None),
+        };
+        self.param.tensor().inplace_op1(&op)?;
+        op.result
+            .take()
+            .unwrap_or_else(|| Err(Error::internal(format!("parameter {} was not updated", self.param.name))))
+    }
+}
+
+/// A change of a tensor's values in place by `f` (candle's in-place custom operation hands
+/// out its storage mutably), for [`Slot::update`].
+struct InPlace<F> {
+    f: std::cell::Cell<Option<F>>,
+    /// The elements the tensor must hold.
+    len: usize,
+    /// `f`'s outcome, once it ran.
+    result: std::cell::Cell<Option<Result<()>>>,
+}
+
+impl<F: FnOnce(&mut [f32]) -> Result<()>> candle_core::InplaceOp1 for InPlace<F> {
+    fn name(&self) -> &'static str {
+        "parameter update in place"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        match (storage, layout.contiguous_offsets()) {
+            (candle_core::CpuStorage::F32(v), Some((a, b))) if b - a == self.len && b <= v.len() => {
+                if let Some(f) = self.f.take() {
+                    self.result.set(Some(f(&mut v[a..b])));
+                }
+                Ok(())
+            }
+            _ => candle_core::bail!("a parameter updated in place must be a resident contiguous f32 tensor"),
+        }
+    }
+}
+
 /// One parameter of the whole model, as the full flat vector lays it out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -512,20 +561,17 @@ impl ParamSet {
         Ok(out)
     }
 
-    /// Gives every parameter whose elements lie in `range` of this rank's flat vector (whole
-    /// parameters only) a new value: `f(offset, values)` changes a copy of its values (the
-    /// elements from `offset` of the flat vector), which then becomes its value without
-    /// another copy. The copy is made one parameter at a time, so `f` works on it in cache.
+    /// Changes every parameter whose elements lie in `range` of this rank's flat vector (whole
+    /// parameters only) in place: `f(offset, values)` gets its values (the elements from
+    /// `offset` of the flat vector) to change, with no copy and no new variable, one
+    /// parameter at a time. A tensor taken from the parameter before sees the new values (an
+    /// optimiser step, the one caller, comes after every backward that read them).
     pub fn update_range(
         &self,
         range: Range<usize>,
         mut f: impl FnMut(usize, &mut [f32]) -> Result<()>,
     ) -> Result<()> {
-        self.each_whole(range, |s| {
-            let mut values = s.with_values(<[f32]>::to_vec)?;
-            f(s.offset, &mut values)?;
-            s.param.replace(values)
-        })
+        self.each_whole(range, |s| s.update(|values| f(s.offset, values)))
     }
 
     /// `f` of every parameter whose elements lie in `range` of this rank's flat vector, in
