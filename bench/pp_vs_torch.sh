@@ -21,9 +21,10 @@
 #     ScheduleInterleavedZeroBubble with one stage per rank); adding "interleaved" also
 #     compares interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
 #  2. bubble (BUBBLE=1), xccl only (traced; --trace is passed if the CLI has it): P in BUBBLE_PS ("2 4"), M in BUBBLE_MS
-#     ("4 8 16 32"), schedules gpipe, 1f1b, zb-h1 and interleaved with V = 2 (where the P x V stages
-#     fit into the LAYERS + 2 blocks), BUBBLE_STEPS steps, batch BATCH, xccl's default
-#     balance; reads summary.json's pipeline.bubble_measured and .bubble_schedule. P = 4
+#     ("4 8 16 32"), schedules BUBBLE_SCHEDULES ("gpipe 1f1b zb-h1 interleaved"; interleaved
+#     with V = 2 where the P x V stages fit into the LAYERS + 2 blocks), BUBBLE_STEPS steps,
+#     batch BATCH, xccl's default balance; reads summary.json's pipeline.bubble_measured and
+#     .bubble_schedule, and compares each ZB-H1 bubble time with 1F1B's. P = 4
 #     means 4 ranks x 1 thread on the 2 cores: oversubscribed, so a rank waiting in the
 #     pipeline hands its core to another and the measured bubble is not that of 4 cores.
 #  3. memory (MEM=1): P = 2, M = MEM_M (16), batch MEM_BATCH (128, so that activations
@@ -58,6 +59,7 @@ BUBBLE="${BUBBLE:-1}"
 BUBBLE_PS="${BUBBLE_PS:-2 4}"
 BUBBLE_MS="${BUBBLE_MS:-4 8 16 32}"
 BUBBLE_STEPS="${BUBBLE_STEPS:-10}"
+BUBBLE_SCHEDULES="${BUBBLE_SCHEDULES:-gpipe 1f1b zb-h1 interleaved}"
 MEM="${MEM:-1}"
 MEM_M="${MEM_M:-16}"
 MEM_BATCH="${MEM_BATCH:-128}"
@@ -103,7 +105,7 @@ mkdir -p "$OUT"
   if [ "$XCCL_ON" = 1 ]; then "$XCCL" --version; git -C "$REPO" log --oneline -1; fi
   if [ "$TORCH" = 1 ]; then "$PY" -c 'import torch; print("torch", torch.__version__)'; fi
   echo "CFG=$CFG BATCH=$BATCH M=$M STEPS=$STEPS WARMUP=$WARMUP SPLIT=$SPLIT SCHEDULES=$SCHEDULES CMP_V=$CMP_V INIT=$INIT"
-  echo "CMP=$CMP BUBBLE=$BUBBLE BUBBLE_PS=$BUBBLE_PS BUBBLE_MS=$BUBBLE_MS BUBBLE_STEPS=$BUBBLE_STEPS"
+  echo "CMP=$CMP BUBBLE=$BUBBLE BUBBLE_PS=$BUBBLE_PS BUBBLE_MS=$BUBBLE_MS BUBBLE_STEPS=$BUBBLE_STEPS BUBBLE_SCHEDULES=$BUBBLE_SCHEDULES"
   echo "MEM=$MEM MEM_M=$MEM_M MEM_BATCH=$MEM_BATCH MEM_STEPS=$MEM_STEPS TORCH=$TORCH XCCL=$XCCL_ON"
 } > "$OUT/env.txt" 2>&1
 
@@ -148,7 +150,7 @@ for rep in $(seq 1 "$REPS"); do
     for p in $BUBBLE_PS; do
       for m in $BUBBLE_MS; do
         [ $(( BATCH % m )) = 0 ] || { echo "skip bubble M=$m: batch $BATCH not a multiple" >&2; continue; }
-        for s in gpipe 1f1b zb-h1 interleaved; do
+        for s in $BUBBLE_SCHEDULES; do
           v=1
           if [ "$s" = interleaved ]; then
             v=2

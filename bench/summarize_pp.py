@@ -75,8 +75,9 @@ def main(out):
         r = load(path)
         if not mt or not isinstance(r, dict):
             continue
-        fw, kind, sched, p, v, m, cfg, _ = mt.groups()
+        fw, kind, sched, p, v, m, cfg, rep = mt.groups()
         key = (fw, kind, sched, int(p), int(v or 1), int(m), cfg)
+        r["_rep"] = int(rep)
         runs.setdefault(key, []).append(r)
 
     def keys(kind, fw=None):
@@ -128,6 +129,42 @@ def main(out):
         diff = fmt(meas - cf, "+.3f") if meas is not None else NA
         print(f"| {cfg} | {p} | {sched} | {v} | {m} | {cf:.3f} | {fmt(sch, '.3f')} | {fmt(meas, '.3f')} | {diff} "
               f"| {fmt(med([step_ms('xccl', r) for r in x]))} | {len(x)} |")
+
+    # The zero-bubble target: ZB-H1's bubble time (measured fraction x step) against 1F1B's at
+    # the same P and M, per repetition (the runs of one repetition are interleaved), beside
+    # what its pass times give: Qi et al.'s bubbles, (P-1)(F + Bi - W) for ZB-H1 against
+    # (P-1)(F + Bi + W) for 1F1B, with the median F, Bi and W of the run's last step (its
+    # pipeline.timeline); a third only where F + Bi = 2 W.
+    def bubble_ms(r):
+        b, step = pipeline("xccl", r)[0], step_ms("xccl", r)
+        return b * step if num(b) and num(step) else None
+
+    def passes(r):
+        p = r.get("pipeline") if isinstance(r.get("pipeline"), dict) else {}
+        times = {}
+        for lane in p.get("timeline") or []:
+            for name, _, dur in lane:
+                times.setdefault(name.split("(")[0], []).append(dur)
+        f, bi, w = (med(times.get(k, [])) for k in ("F", "Bi", "W"))
+        return (f + bi - w) / (f + bi + w) if None not in (f, bi, w) else None
+
+    zb = [k for k in keys("bubble", "xccl") if k[1] == "zb-h1"]
+    if zb:
+        print()
+        print("ZB-H1's bubble time (measured bubble x step) over 1F1B's at the same P and M (target <= 1/3), per")
+        print("repetition and their median, and the ratio its pass times give, (F + Bi - W) / (F + Bi + W):")
+        print()
+        print("| config | P | M | ZB-H1 bubble (ms) per repetition | 1F1B's (ms) | ratio per repetition | median ratio | from the pass times |")
+        print("|---|---|---|---|---|---|---|---|")
+        for k in sorted(zb, key=lambda k: (k[5], k[2], k[4])):
+            (_, sched, p, v, m, cfg) = k
+            base = {r["_rep"]: bubble_ms(r) for r in get("xccl", ("bubble", "1f1b", p, v, m, cfg))}
+            mine = {r["_rep"]: bubble_ms(r) for r in get("xccl", k)}
+            reps = sorted(rep for rep in mine if num(mine[rep]) and num(base.get(rep)) and base[rep] > 0)
+            ratios = [mine[rep] / base[rep] for rep in reps]
+            print(f"| {cfg} | {p} | {m} | {' / '.join(fmt(mine[r], '.1f') for r in reps)} "
+                  f"| {' / '.join(fmt(base[r], '.1f') for r in reps)} | {' / '.join(f'{x:.2f}' for x in ratios)} "
+                  f"| {fmt(med(ratios), '.2f')} | {fmt(med([passes(r) for r in get('xccl', k)]), '.2f')} |")
 
     print()
     print("## Memory per stage (medians over repetitions; MiB = 2^20 bytes)")
