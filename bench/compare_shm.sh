@@ -7,7 +7,9 @@
 #   OUT=/tmp/x NPS="2" SIZES=8,1M,64M bash bench/compare_shm.sh 1
 #   BEFORE=/path/to/old/xccl bash bench/compare_shm.sh 5  (also an older build, interleaved:
 #                                                       the summary compares the two row by row
-#                                                       against the noise band measured)
+#                                                       against the noise band measured, the
+#                                                       all-reduce also in place and on 2 MiB
+#                                                       pages)
 #
 # The 64 MiB all-reduce is also run on 2 MiB pages (HUGE_SIZES): xccl on its HostBuffers
 # (`--huge-pages`), and, where this script may set the system's transparent-huge-page mode
@@ -80,10 +82,19 @@ for rep in $(seq 1 "$REPS"); do
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then
       XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
-    COLLS=all_reduce xccl_all "$OUT/xcclinplace_n${np}_r$rep.txt" "$np" --inplace
+    # The all-reduce's other forms, each of both builds in turn (the older first in odd
+    # repetitions).
+    forms() { # PREFIX
+      COLLS=all_reduce xccl_all "$OUT/${1}inplace_n${np}_r$rep.txt" "$np" --inplace
+      if [ -n "$HUGE_SIZES" ]; then
+        SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/${1}huge_n${np}_r$rep.txt" "$np" --huge-pages
+        SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/${1}hugeinplace_n${np}_r$rep.txt" "$np" --huge-pages --inplace
+      fi
+    }
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then XCCL="$BEFORE" forms before; fi
+    forms xccl
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then XCCL="$BEFORE" forms before; fi
     if [ -n "$HUGE_SIZES" ]; then
-      SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/xcclhuge_n${np}_r$rep.txt" "$np" --huge-pages
-      SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/xcclhugeinplace_n${np}_r$rep.txt" "$np" --huge-pages --inplace
       if [ -w "$THP" ]; then
         echo always > "$THP"
         "$PRIO" mpirun --allow-run-as-root --oversubscribe -np "$np" "$BIN/mpi_coll_ompi" -s "$HUGE_SIZES" \

@@ -15,7 +15,9 @@ OUT = sys.argv[1]
 CANON = {"all_reduce": "allreduce", "all_gather": "allgather", "broadcast": "bcast", "all_to_all": "alltoall"}
 OPS = ["allreduce", "allgather", "reduce_scatter", "bcast", "alltoall"]
 IMPLS = [("xccl", "xccl"), ("before", "xccl before"), ("xcclinplace", "xccl in place"),
-         ("xcclhuge", "xccl, 2 MiB pages"), ("xcclhugeinplace", "xccl in place, 2 MiB pages"), ("ompi", "Open MPI"),
+         ("beforeinplace", "xccl before, in place"), ("xcclhuge", "xccl, 2 MiB pages"),
+         ("beforehuge", "xccl before, 2 MiB pages"), ("xcclhugeinplace", "xccl in place, 2 MiB pages"),
+         ("beforehugeinplace", "xccl before, in place, 2 MiB pages"), ("ompi", "Open MPI"),
          ("ompihuge", "Open MPI, THP always"), ("mpich", "MPICH"), ("gloo", "gloo (in place)")]
 
 rows = defaultdict(list)  # (impl, n, op, size) -> [(time_us, busbw, wrong)]
@@ -144,22 +146,26 @@ for t, m, r, ok in checks:
     print(f"| {t} | {m} | {r} | {'yes' if ok else '**no**'} |")
 
 # Before and after: each row's median time against the older build's, and the noise band, the
-# larger spread (max-min over median) of the two builds' repetitions of that row.
-pairs = sorted(k for k in rows if k[0] == "xccl" and ("before",) + k[1:] in rows)
+# larger spread (max-min over median) of the two builds' repetitions of that row; the
+# all-reduce's other forms (in place, 2 MiB pages) beside the plain rows.
+FORMS = [("", "heap"), ("inplace", "in place"), ("huge", "2 MiB pages"), ("hugeinplace", "in place, 2 MiB pages")]
+pairs = sorted((f, label) + k[1:] for f, label in FORMS for k in rows
+               if k[0] == "xccl" + f and ("before" + f,) + k[1:] in rows)
 if pairs:
     print("\n### Before and after\n")
-    print("| ranks | collective | size | before µs | after µs | after/before | noise band | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| ranks | collective | size | form | before µs | after µs | after/before | noise band | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     bands = []
     worse = 0
-    for _, n, op, size in pairs:
-        a = [x[0] for x in rows[("xccl", n, op, size)]]
-        b = [x[0] for x in rows[("before", n, op, size)]]
+    for f, label, n, op, size in pairs:
+        a = [x[0] for x in rows[("xccl" + f, n, op, size)]]
+        b = [x[0] for x in rows[("before" + f, n, op, size)]]
         ma, mb = statistics.median(a), statistics.median(b)
         band = max((max(v) - min(v)) / statistics.median(v) for v in (a, b))
         bands.append(band)
         r = ma / mb
         verdict = "within noise" if abs(r - 1) <= band else ("faster" if r < 1 else "**slower**")
         worse += verdict == "**slower**"
-        print(f"| {n} | {op} | {fmt_size(size)} | {mb:.2f} | {ma:.2f} | {r:.3f} | ±{100 * band:.0f}% | {verdict} |")
+        print(f"| {n} | {op} | {fmt_size(size)} | {label} | {mb:.2f} | {ma:.2f} | {r:.3f} | ±{100 * band:.0f}% "
+              f"| {verdict} |")
     print(f"\nNoise band (median over rows): ±{100 * statistics.median(bands):.0f}%; rows slower beyond it: {worse}.")

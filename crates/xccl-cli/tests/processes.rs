@@ -109,6 +109,8 @@ fn collectives() -> xccl::Result<()> {
         c.all_to_all(&inp, &mut out)?;
         check(out.iter().enumerate().all(|(k, x)| *x == ((k / len.max(1)) * 100 + r) as u32), "all_to_all")?;
     }
+    large_all_reduces::<f32>(&c)?;
+    large_all_reduces::<f64>(&c)?;
     let counts: Vec<usize> = (0..n).map(|k| k * 3 + 1).collect();
     let mut out = vec![0f64; counts.iter().sum()];
     c.all_gather_v(&vec![r as f64; counts[r]], &mut out, &counts)?;
@@ -141,6 +143,41 @@ fn collectives() -> xccl::Result<()> {
         check(got.iter().all(|x| *x == from as u8), "send/recv")?;
     }
     c.barrier()
+}
+
+/// All-reduces whose halves are pulled and folded between processes, so that each rank
+/// writes its folded half into its peer's output ahead (`process_vm_writev`, protocol
+/// `fused`): in place and out of place (the result between guards that must stay untouched,
+/// the input unchanged), summed and maximised, against the naive reference; counts of whole
+/// 256 KiB pieces and not, and halves either side of the 64 KiB pull threshold.
+fn large_all_reduces<T: xccl::Element>(c: &Communicator) -> xccl::Result<()> {
+    let (n, r) = (c.size(), c.rank());
+    let val = |q: usize, i: usize, salt: usize| T::from_f64(((q * 7 + i * 13 + salt * 3) % 8) as f64);
+    const GUARD: usize = 4099;
+    for len in [1usize << 19, 600_001, 32_767, 1_048_579] {
+        for (k, op) in [ReduceOp::Sum, ReduceOp::Max].into_iter().enumerate() {
+            let salt = len + k;
+            let want: Vec<T> = (0..len)
+                .map(|i| {
+                    let vals: Vec<T> = (0..n).map(|q| val(q, i, salt)).collect();
+                    xccl::reference_reduce(op, &vals).unwrap_or(vals[0])
+                })
+                .collect();
+            let what =
+                |form: &str| format!("large all_reduce {form} of {len} {}, {op}", std::any::type_name::<T>());
+            let mut buf: Vec<T> = (0..len).map(|i| val(r, i, salt)).collect();
+            c.all_reduce(&mut buf, op)?;
+            check(buf == want, &what("in place"))?;
+            let input: Vec<T> = (0..len).map(|i| val(r, i, salt)).collect();
+            let mut out = vec![T::from_f64(99.0); len + 2 * GUARD];
+            c.all_reduce_into(&input, &mut out[GUARD..GUARD + len], op)?;
+            check(out[GUARD..GUARD + len] == want[..], &what("out of place"))?;
+            let untouched = |x: &T| *x == T::from_f64(99.0);
+            check(out[..GUARD].iter().chain(&out[GUARD + len..]).all(untouched), &what("guards"))?;
+            check(input.iter().enumerate().all(|(i, x)| *x == val(r, i, salt)), &what("input"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Large all-reduces in a loop; rank 2 kills itself (SIGKILL) in the middle of one.

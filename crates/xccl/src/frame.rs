@@ -54,11 +54,18 @@ pub(crate) enum FrameKind {
     /// receiver's memory while it copies the head itself. Payload: where (the address of the
     /// tail's destination) and from which byte of the message (`u64` each).
     Push = 6,
-    /// The sender has written the tail a `Push` asked for. Payload: its length (`u64`).
+    /// The sender has written the tail a `Push` asked for, or the message a `Grant` named
+    /// (0: it declines the grant, and will send that message as usual). Payload: its length
+    /// (`u64`).
     Pushed = 7,
+    /// The sender of a pulled message names where the receiver may write the message of
+    /// the header's (later) step and index that it owes the sender back, while it folds the
+    /// pulled one (protocol `fused`); answered by `Pushed`. Payload: address and length
+    /// (`u64` each).
+    Grant = 8,
 }
 
-/// Payload bytes of a pull descriptor or push request, and of an acknowledgement.
+/// Payload bytes of a pull descriptor, push request or grant, and of an acknowledgement.
 pub(crate) const PULL_LEN: usize = 16;
 pub(crate) const ACK_LEN: usize = 8;
 
@@ -234,6 +241,7 @@ impl Header {
             5 => FrameKind::Ack,
             6 => FrameKind::Push,
             7 => FrameKind::Pushed,
+            8 => FrameKind::Grant,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let coll = CollKind::from_tag(b[6]).ok_or_else(|| format!("unknown operation tag {}", b[6]))?;
@@ -258,7 +266,7 @@ impl Header {
             offset: u64_at(64),
         };
         let fixed = match kind {
-            FrameKind::Pull | FrameKind::Push => Some(PULL_LEN),
+            FrameKind::Pull | FrameKind::Push | FrameKind::Grant => Some(PULL_LEN),
             FrameKind::Ack | FrameKind::Pushed => Some(ACK_LEN),
             _ => None,
         };

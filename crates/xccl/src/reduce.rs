@@ -260,6 +260,44 @@ pub(crate) fn combine_into_uncached(
     combine_into(dtype, op, dst, a, b)
 }
 
+/// `dst = a ⊕ b` written around the caches like [`combine_into_uncached`], and the same result
+/// left in `b`, which stays in cache: for a result that is also passed on at once (written
+/// ahead into a peer's memory, `exec/fused.rs`) while `dst` is too large to stay cached.
+pub(crate) fn combine_into_uncached_keeping(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    a: &[u8],
+    b: &mut [u8],
+) -> Result<()> {
+    if dst.len() != a.len() || dst.len() != b.len() {
+        return combine_into(dtype, op, dst, a, b);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        const TILE: usize = 4096;
+        let mut tile = [0u64; TILE / 8];
+        let mut at = 0;
+        while at < dst.len() {
+            let n = TILE.min(dst.len() - at);
+            let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n];
+            combine_into(dtype, op, t, &a[at..at + n], &b[at..at + n])?;
+            b[at..at + n].copy_from_slice(t);
+            stream_copy(&mut dst[at..at + n], t);
+            at += n;
+        }
+        // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
+        unsafe { std::arch::x86_64::_mm_sfence() };
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        combine_into(dtype, op, dst, a, b)?;
+        b.copy_from_slice(dst);
+        Ok(())
+    }
+}
+
 /// Copies `src` to `dst` (the same length) with non-temporal stores where `dst` is 16-byte
 /// aligned, plain copies for the unaligned ends.
 #[cfg(target_arch = "x86_64")]
@@ -369,6 +407,20 @@ mod tests {
             combine_into_uncached(DType::U32, ReduceOp::Sum, &mut g[4 * skip..], &ab[..len], &bb[..len])
                 .unwrap();
             assert_eq!(want, got, "offset {skip} elements");
+            let mut kept = bb[..len].to_vec();
+            got.fill(0);
+            let g = bytemuck::cast_slice_mut::<u32, u8>(&mut got);
+            combine_into_uncached_keeping(
+                DType::U32,
+                ReduceOp::Sum,
+                &mut g[4 * skip..],
+                &ab[..len],
+                &mut kept,
+            )
+            .unwrap();
+            assert_eq!(want, got, "kept, offset {skip} elements");
+            let want = &bytemuck::cast_slice::<u32, u8>(&want)[4 * skip..];
+            assert_eq!(&kept[..], want, "the copy kept, offset {skip} elements");
         }
     }
 

@@ -360,6 +360,34 @@ fn every_algorithm_matches_the_reference() {
 }
 
 #[test]
+fn large_all_reduces_written_ahead_match_the_reference() {
+    // Threads of one process (the peer's memory is written directly): 2 ranks by the
+    // algorithms whose folded halves go back to the same peer in the next step (Rabenseifner,
+    // the tuner's pick) and by two that do not, and Rabenseifner on 3 ranks (folded) and 4
+    // (its middle rounds); each with the fused protocol allowed, and without it.
+    let cases = [
+        (2, None),
+        (2, Some(Algorithm::Ring)),
+        (2, Some(Algorithm::Direct)),
+        (3, Some(Algorithm::Rabenseifner)),
+        (4, Some(Algorithm::Rabenseifner)),
+    ];
+    for (n, algo) in cases {
+        for policy in ["", "ll,eager,pull,split"] {
+            let mut config = test_config();
+            config.protocols = xccl::protocol::ProtocolPolicy::parse(policy).unwrap();
+            if let Some(algo) = algo {
+                config.algos.set(CollKind::AllReduce, algo).unwrap();
+            }
+            on_ranks(n, config, |c| {
+                large_all_reduce_forms::<f32>(c);
+                large_all_reduce_forms::<f64>(c);
+            });
+        }
+    }
+}
+
+#[test]
 fn every_protocol_matches_the_reference() {
     // Each protocol forced on its own (with stream, the fallback, where it does not apply),
     // at sizes on both sides of the LL, eager, pull and split thresholds.

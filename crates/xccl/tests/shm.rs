@@ -145,6 +145,30 @@ fn mixed_jobs_use_shared_memory_inside_hosts_and_tcp_between() {
 }
 
 #[test]
+fn large_all_reduces_written_ahead_over_shared_memory_match_the_reference() {
+    // Cross-memory attach (`process_vm_writev` into the peer): 2 ranks (Rabenseifner, the
+    // tuner's pick), Rabenseifner's middle rounds on 4; then ranks that disagree on the fused
+    // protocol: the one without it declines the other's grant and refuses to write ahead
+    // itself, and both still get the reference result.
+    let mut four = test_config();
+    four.algos.set(CollKind::AllReduce, Algorithm::Rabenseifner).unwrap();
+    for (n, config) in [(2, test_config()), (4, four)] {
+        on_hosts(&vec!["one"; n], config, |c| {
+            forms::large_all_reduce_forms::<f32>(c);
+            forms::large_all_reduce_forms::<f64>(c);
+        });
+    }
+    let without =
+        Config { protocols: ProtocolPolicy::parse("ll,eager,pull,split").unwrap(), ..test_config() };
+    for configs in [[without.clone(), test_config()], [test_config(), without]] {
+        on_hosts_with(&["one"; 2], &configs, |c| {
+            forms::large_all_reduce_forms::<f32>(c);
+            forms::large_all_reduce_forms::<f64>(c);
+        });
+    }
+}
+
+#[test]
 fn every_protocol_over_shared_memory_and_tcp_matches_the_reference() {
     for proto in Protocol::ALL {
         let mut config = test_config();

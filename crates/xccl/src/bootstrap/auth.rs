@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 const HELLO: &[u8; 8] = b"XCCLHELO";
 const REPLY: &[u8; 8] = b"XCCLSRVR";
 /// Bumped on any incompatible change of the handshake or the wire.
-pub(crate) const PROTOCOL_VERSION: u16 = 1;
+pub(crate) const PROTOCOL_VERSION: u16 = 2;
 const MAC: usize = 32;
 const MAX_JOB: usize = 256;
 const MAX_MSG: usize = 1024;

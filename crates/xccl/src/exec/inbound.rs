@@ -3,9 +3,10 @@
 //! memory) and their acknowledgements, split copies, and abort notices.
 
 use super::failure::lost;
+use super::fused;
 use super::outbound::{Body, OutFrame};
 use super::reading::{Control, Filled, Inbound, Target};
-use super::task::{Act, Label, StepRun, fold};
+use super::task::{Act, Label, StepRun, fold, fold_kept};
 use super::{Ctx, Engine};
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -96,6 +97,9 @@ impl Engine {
                         // Copied: the sender may reuse the segment.
                         self.peers[peer].acks.push_back(OutFrame::reply(header, FrameKind::Ack, len));
                         self.payload_done(run, peer, target)?;
+                        if let Target::Task(i) = target {
+                            self.folded_ahead(run, i, peer);
+                        }
                         Inbound::Idle
                     };
                     n > 0
@@ -168,10 +172,11 @@ impl Engine {
                 self.peers[peer].notice.clear();
                 Target::Reason { origin: h.root as usize }
             }
-            FrameKind::Ack | FrameKind::Push | FrameKind::Pushed => {
+            FrameKind::Ack | FrameKind::Push | FrameKind::Pushed | FrameKind::Grant => {
                 let what = match h.kind {
                     FrameKind::Ack => Control::Ack { header: h },
                     FrameKind::Push => Control::Push { header: h },
+                    FrameKind::Grant => Control::Grant { header: h },
                     _ => Control::Pushed { header: h },
                 };
                 return Ok(Inbound::Control { what, buf: [0; PULL_LEN], have: 0 });
@@ -190,6 +195,15 @@ impl Engine {
                     }
                     let what = Control::Pull { target, header: h };
                     return Ok(Inbound::Control { what, buf: [0; PULL_LEN], have: 0 });
+                }
+                if let Target::Task(i) = target
+                    && run.tasks[i].push_to.is_some()
+                {
+                    return Err(protocol(
+                        "it granted this rank its next receive for a message it folds, then streamed that message \
+                         instead of describing it"
+                            .into(),
+                    ));
                 }
                 target
             }
@@ -340,8 +354,15 @@ impl Engine {
                     .ok_or_else(|| protocol("push request from a peer this rank cannot write to".into()))?;
                 Ok(Inbound::Pushing { task: i, to, from, addr, pos: 0, header })
             }
+            Control::Grant { header } => {
+                self.on_grant(run, peer, header, word(0), word(1))?;
+                Ok(Inbound::Idle)
+            }
             Control::Pushed { header } => {
                 let pushed = word(0) as usize;
+                if self.on_pushed_ahead(run, peer, &header, pushed)? {
+                    return Ok(Inbound::Idle);
+                }
                 let i = run.pushed_recv(peer, &header).ok_or_else(|| {
                     protocol(format!(
                         "confirmation of a push this rank did not ask for ({})",
@@ -349,13 +370,18 @@ impl Engine {
                     ))
                 })?;
                 let t = &mut run.tasks[i];
+                if t.granted && pushed == 0 {
+                    // The grant was declined: the message comes as usual.
+                    (t.awaited, t.granted) = (0, false);
+                    return Ok(Inbound::Idle);
+                }
                 if pushed != t.awaited {
                     return Err(protocol(format!(
                         "{pushed} bytes pushed where {} were asked for",
                         t.awaited
                     )));
                 }
-                t.awaited = 0;
+                (t.awaited, t.granted) = (0, false);
                 t.done += pushed;
                 t.complete = t.done == t.span.len;
                 Ok(Inbound::Idle)
@@ -432,9 +458,17 @@ impl Engine {
                         // SAFETY: the sender keeps the segment valid and unwritten until
                         // acknowledged; `stage` is our own memory.
                         unsafe { pull::copy(from, addr, stage) }.map_err(fail)?;
-                        // SAFETY: [done, done + n) lies in the destination (n <= limit - done)
-                        // and, by the ordering rule, no other view of it is alive.
-                        unsafe { fold(dtype, rop, dst, with, done, stage) }?;
+                        match run.tasks[i].push_to {
+                            // SAFETY: [done, done + n) lies in the destination (n <= limit -
+                            // done) and, by the ordering rule, no other view of it is alive.
+                            None => unsafe { fold(dtype, rop, dst, with, done, stage) }?,
+                            Some(to) => {
+                                // SAFETY: as above.
+                                let result = unsafe { fold_kept(dtype, rop, dst, with, done, stage) }?;
+                                // Written ahead while in cache (`exec/fused.rs`).
+                                fused::write_ahead(&to, done, result).map_err(fail)?;
+                            }
+                        }
                     }
                     _ => {
                         // SAFETY: as above; the pull writes only the destination range.

@@ -12,6 +12,7 @@
 //! | `ll.rs` | the LL protocol: small messages through the links' LL channels |
 //! | `outbound.rs` | frames to a peer: streamed segments, pull descriptors, what is owed; `Peer::write_out` writes the frame in progress as far as the link takes it |
 //! | `inbound.rs` | frames from a peer: checked headers, placed payloads, pulls, splits |
+//! | `fused.rs` | the fused protocol: a folded pull's result written into its sender's next receive, where the sender granted it |
 //! | `reading.rs` | where reading a peer's stream stands (`Inbound`); `Inbound::fill` reads a header, control payload or padding as far as the link gives it |
 //! | `scripted.rs` | (tests) a link that cuts its stream wherever a test says, for the per-peer machines' unit tests |
 //! | `p2p.rs` | point-to-point matching and the stash of early messages |
@@ -28,6 +29,7 @@
 
 mod express;
 mod failure;
+mod fused;
 pub(crate) mod fuzzing;
 mod inbound;
 mod ll;

@@ -23,7 +23,8 @@ pub(super) enum Body {
     /// The acknowledgement of a pulled segment of the peer's, or the confirmation that a
     /// pushed tail is written.
     Ack([u8; ACK_LEN]),
-    /// A request to the sender of a pulled message to write its tail into this rank's memory.
+    /// Where the peer may write into this rank's memory: a request to the sender of a pulled
+    /// message to write its tail there (`Push`), or a grant (`Grant`).
     Push([u8; PULL_LEN]),
 }
 
@@ -168,7 +169,17 @@ impl Engine {
                         format!("it ended its communicator ({how:?}) before this rank sent it everything");
                     return Err(Error::PeerLost { op: run.op(), peer, detail });
                 }
-                self.peers[peer].out = Some(self.frame_for(run, i, ready, pull));
+                let frame = self.frame_for(run, i, ready, pull);
+                // A grant goes just before the first descriptor it comes with.
+                let grant = if pull { self.grant_frame(run, i, peer) } else { None };
+                let p = &mut self.peers[peer];
+                match grant {
+                    Some(g) => {
+                        p.out = Some(g);
+                        p.acks.push_front(frame);
+                    }
+                    None => p.out = Some(frame),
+                }
             }
             let link = self.links.link(peer).map_err(|e| Error::Internal(e.to_string()))?;
             let written = self.peers[peer].write_out(link).map_err(|e| lost(run.op(), peer, e))?;

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use super::fused::Ahead;
 use super::outbound::{Body, OutFrame};
 use super::reading::{Inbound, Target};
 use crate::protocol::LinkFacts;
@@ -29,6 +30,8 @@ pub(super) struct Peer {
     pub p2p_sent: u64,
     /// The reason of the abort notice being read from the peer.
     pub notice: Vec<u8>,
+    /// What this rank and the peer agreed for the next step (protocol `fused`).
+    pub ahead: Ahead,
 }
 
 impl Peer {
@@ -55,6 +58,7 @@ impl Peer {
             continuing: None,
             p2p_sent: 0,
             notice: Vec::new(),
+            ahead: Ahead::default(),
         }
     }
 

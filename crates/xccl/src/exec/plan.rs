@@ -4,8 +4,8 @@
 
 use std::sync::OnceLock;
 
-use super::ll;
 use super::peer::Peer;
+use super::{fused, ll};
 use crate::error::{Error, Result};
 use crate::frame::OpDesc;
 use crate::protocol::{self, Outgoing, Protocol, ProtocolPolicy};
@@ -99,6 +99,12 @@ pub(super) struct TaskPlan {
     pub has_dependents: bool,
     /// Nothing to do (an empty copy, or one onto itself).
     pub noop: bool,
+    /// Sends: the next step's receive from the same peer (message index, region) whose
+    /// memory the pull descriptor grants the peer (protocol `fused`, `exec/fused.rs`).
+    pub grant: Option<(u32, Region)>,
+    /// Folding receives: the next step's send back of exactly this region (message index)
+    /// that a grant may let this rank write ahead.
+    pub fold_ahead: Option<u32>,
 }
 
 /// A compiled operation's kind, with its regions.
@@ -122,6 +128,9 @@ fn protocols_used(steps: &[CompiledStep]) -> String {
         if !matches!(t.act, PlannedAct::Copy { .. }) && !used.contains(&t.proto) {
             used.push(t.proto);
         }
+        if (t.grant.is_some() || t.fold_ahead.is_some()) && !used.contains(&Protocol::Fused) {
+            used.push(Protocol::Fused);
+        }
     }
     used.sort_by_key(|p| Protocol::ALL.iter().position(|q| q == p));
     if used.is_empty() {
@@ -132,7 +141,7 @@ fn protocols_used(steps: &[CompiledStep]) -> String {
 
 /// Compiles a program's steps: message labels, protocols, no-op copies and the ordering
 /// rule (`schedule::order`).
-fn compile(
+pub(super) fn compile(
     program: &Program,
     aliased: bool,
     desc: &OpDesc,
@@ -201,10 +210,23 @@ fn compile(
             } else {
                 0
             };
-            tasks.push(TaskPlan { act, region, msg, sig, proto, deps, has_dependents, noop });
+            tasks.push(TaskPlan {
+                act,
+                region,
+                msg,
+                sig,
+                proto,
+                deps,
+                has_dependents,
+                noop,
+                grant: None,
+                fold_ahead: None,
+            });
         }
         steps.push(CompiledStep { tasks });
     }
+    let facts = |peer: usize| how.peers.get(peer).map(|p| p.facts).unwrap_or_default();
+    fused::mark(&mut steps, program, aliased, esize, allowed, facts);
     Ok(steps)
 }
 

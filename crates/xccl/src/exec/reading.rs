@@ -79,14 +79,17 @@ pub(super) enum Control {
     Ack { header: Header },
     /// A request to write the tail of a pulled message into the peer's memory.
     Push { header: Header },
-    /// The peer has written the tail of a message into this rank's memory.
+    /// The peer has written the tail of a message into this rank's memory, or answers a
+    /// grant.
     Pushed { header: Header },
+    /// The peer grants this rank where to write a message it owes the peer in the next step.
+    Grant { header: Header },
 }
 
 impl Control {
     fn len(&self) -> usize {
         match self {
-            Control::Pull { .. } | Control::Push { .. } => PULL_LEN,
+            Control::Pull { .. } | Control::Push { .. } | Control::Grant { .. } => PULL_LEN,
             Control::Ack { .. } | Control::Pushed { .. } => ACK_LEN,
         }
     }

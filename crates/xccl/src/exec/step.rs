@@ -51,6 +51,7 @@ impl Engine {
         for (s, step) in steps.iter().enumerate() {
             let mut run = StepRun::new(Ctx::Coll { desc, step: s as u32 }, self.nranks, self.take_bufs());
             run.load(step, span);
+            self.load_ahead(&mut run, s as u32)?;
             if self.express(&run) {
                 self.run_express(&mut run)?;
             } else {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::Ctx;
+use super::fused::PushTo;
 use super::plan::{CompiledStep, PlannedAct};
 use crate::coll::CollKind;
 use crate::dtype::DType;
@@ -95,6 +96,16 @@ pub(super) struct Task {
     pub pushed: usize,
     /// Receives: bytes the sender is writing into this receive's memory, not yet confirmed.
     pub awaited: usize,
+    /// Sends (protocol `fused`): the receive of the next step from the same peer whose
+    /// memory this send's pull descriptor grants the peer (its message index and span).
+    pub grant: Option<(u32, Span)>,
+    /// Folding receives (protocol `fused`): the message index of the next step's send back to
+    /// the same peer of exactly this receive's span, which a grant may let it write ahead.
+    pub fold_ahead: Option<u32>,
+    /// Folding receives: the grant taken, where each folded piece is written.
+    pub push_to: Option<PushTo>,
+    /// Receives: `awaited` is the answer to a grant (0 then means: received as usual).
+    pub granted: bool,
 }
 
 impl Task {
@@ -113,6 +124,10 @@ impl Task {
             has_dependents: false,
             pushed: 0,
             awaited: 0,
+            grant: None,
+            fold_ahead: None,
+            push_to: None,
+            granted: false,
         }
     }
 
@@ -169,6 +184,34 @@ pub(super) unsafe fn fold(
     } else {
         reduce::combine_into(dtype, op, out, with, piece)
     }
+}
+
+/// Like [`fold`], for a piece whose result is passed on at once (written ahead into the peer,
+/// `exec/fused.rs`): returns the bytes that hold the result in cache, `dst`'s where it is
+/// written through the caches (in place, or a result small enough to stay cached), else
+/// `piece`, which is then overwritten with the result too.
+///
+/// # Safety
+/// As for [`fold`].
+pub(super) unsafe fn fold_kept(
+    dtype: DType,
+    op: ReduceOp,
+    dst: Span,
+    with: Span,
+    at: usize,
+    piece: &mut [u8],
+) -> Result<&[u8]> {
+    let end = at + piece.len();
+    if with.ptr == dst.ptr || dst.len < UNCACHED_MIN {
+        // SAFETY: forwarded to the caller.
+        unsafe { fold(dtype, op, dst, with, at, piece) }?;
+        // SAFETY: as above; the mutable view of these bytes ended with `fold`.
+        return Ok(unsafe { dst.bytes(at, end) });
+    }
+    // SAFETY: forwarded to the caller; `with` is a different buffer, only read.
+    let (out, with) = unsafe { (dst.bytes_mut(at, end), with.bytes(at, end)) };
+    reduce::combine_into_uncached_keeping(dtype, op, out, with, piece)?;
+    Ok(piece)
 }
 
 /// The buffers of a step being run, kept by the engine between steps so that running one
@@ -267,6 +310,8 @@ impl<'a> StepRun<'a> {
             };
             let mut t = Task::new(act, span(&tp.region), Label::Coll { msg: tp.msg, sig: tp.sig }, tp.proto);
             t.has_dependents = tp.has_dependents;
+            t.grant = tp.grant.map(|(m, r)| (m, span(&r)));
+            t.fold_ahead = tp.fold_ahead;
             if tp.noop {
                 t.complete = true;
                 t.done = t.span.len;
@@ -292,12 +337,13 @@ impl<'a> StepRun<'a> {
         self.add(t, deps)
     }
 
-    /// How long the peers may still be busy copying this rank's pulled messages: a rank
-    /// waiting for those acknowledgements keeps polling that much longer rather than sleep,
+    /// How long the peers may still be busy copying this rank's pulled messages (or writing
+    /// into its memory what it awaits): a rank waiting for those acknowledgements keeps polling that much longer rather than sleep,
     /// since being woken costs more than the wait (assumes a copy rate of 4 GB/s; at most
     /// 10 ms).
     pub fn copy_wait(&self) -> Duration {
-        let unacked: usize = self.tasks.iter().map(|t| t.sent.saturating_sub(t.done + t.pushed)).sum();
+        let unacked: usize =
+            self.tasks.iter().map(|t| t.sent.saturating_sub(t.done + t.pushed) + t.awaited).sum();
         Duration::from_nanos((unacked / 4) as u64).min(Duration::from_millis(10))
     }
 
@@ -502,6 +548,8 @@ mod tests {
             deps: Vec::new(),
             has_dependents: false,
             noop: false,
+            grant: None,
+            fold_ahead: None,
         };
         let step = CompiledStep {
             tasks: vec![

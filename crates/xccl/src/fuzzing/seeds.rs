@@ -64,6 +64,7 @@ fn frame_headers() -> Vec<Vec<u8>> {
         fixed(FrameKind::Push, PULL_LEN),
         fixed(FrameKind::Ack, ACK_LEN),
         fixed(FrameKind::Pushed, ACK_LEN),
+        fixed(FrameKind::Grant, PULL_LEN),
     ]
 }
 

@@ -271,3 +271,42 @@ pub fn all_to_all_forms<T: Small>(c: &Communicator) {
         assert_eq!(out, want, "all_to_all_v n {n} rank {r}");
     }
 }
+
+/// All-reduce counts whose halves (the messages of a 2-rank exchange) are pulled and folded,
+/// so that the fused protocol writes them ahead: an even number of 256 KiB pieces, halves
+/// that are not whole pieces (odd counts: the halves differ by one element), and one whose
+/// halves fall either side of the 64 KiB pull threshold in `f32` (one rank's half is pulled
+/// and written ahead, the other's streams).
+pub const LARGE: &[usize] = &[1 << 19, 600_001, 32_767, 1_048_579];
+
+/// Large all-reduces, in place and out of place, summed and maximised, checked element by
+/// element against the naive reference. Out of place, the result lies between guard
+/// elements that must stay untouched, and the input must come back unchanged: a rank that
+/// writes its folded half into its peer's memory ahead (protocol `fused`) must write exactly
+/// the range its peer named, with exactly the bytes the peer would have received.
+pub fn large_all_reduce_forms<T: Small>(c: &Communicator) {
+    let (n, r) = (c.size(), c.rank());
+    let t = std::any::type_name::<T>();
+    const GUARD: usize = 4099;
+    for &len in LARGE {
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            for round in 0..2 {
+                let salt = len + op as usize + round;
+                let reference: Vec<T> = (0..len).map(|i| expected::<T>(op, n, i, salt)).collect();
+                let want = |i: usize| reference[i];
+                let mut buf = input::<T>(op, r, len, salt);
+                c.all_reduce(&mut buf, op).unwrap();
+                assert_each(&buf, want, &format!("in place {t} {op} len {len} n {n} rank {r}"));
+
+                let inp = input::<T>(op, r, len, salt);
+                let mut out = vec![T::small(77); len + 2 * GUARD];
+                c.all_reduce_into(&inp, &mut out[GUARD..GUARD + len], op).unwrap();
+                let what = format!("out of place {t} {op} len {len} n {n} rank {r}");
+                assert_each(&out[GUARD..GUARD + len], want, &what);
+                assert_each(&out[..GUARD], |_| T::small(77), &format!("{what}: the guard before"));
+                assert_each(&out[GUARD + len..], |_| T::small(77), &format!("{what}: the guard after"));
+                assert_each(&inp, |i| val(op, r, i, salt), &format!("{what}: the input"));
+            }
+        }
+    }
+}
