@@ -147,6 +147,34 @@ impl From<RunArgs> for Job {
     }
 }
 
+/// The glibc setting that advises transparent huge pages for the memory behind each rank's
+/// large allocations (`MADV_HUGEPAGE`, as NumPy does for its arrays and PyTorch with
+/// `THP_MEM_ALLOC_ENABLE=1`): a message between processes is copied straight out of its
+/// sender's memory, page by page, so large messages in ordinary `Vec`s and tensors move at
+/// the speed of `HostBuffer`s.
+const HUGE_MALLOC: &str = "glibc.malloc.hugetlb=1";
+
+/// The `GLIBC_TUNABLES` a rank gets: the launcher's own (`current`) with [`HUGE_MALLOC`]
+/// added, unless `XCCL_MALLOC_HUGE_PAGES` (`setting`) is `0` or `current` already says how
+/// malloc uses huge pages; `Ok(None)` leaves the variable as it is.
+fn malloc_tunables(current: Option<&str>, setting: Option<&str>) -> Result<Option<String>, String> {
+    match setting {
+        None | Some("1") => {}
+        Some("0") => return Ok(None),
+        Some(other) => {
+            return Err(format!(
+                "XCCL_MALLOC_HUGE_PAGES={other}: give 1 (the ranks' large allocations on transparent huge \
+                 pages, the default) or 0 (malloc as configured)"
+            ));
+        }
+    }
+    Ok(match current.map(str::trim) {
+        Some(t) if t.split(':').any(|kv| kv.trim().starts_with("glibc.malloc.hugetlb")) => None,
+        Some(t) if !t.is_empty() => Some(format!("{t}:{HUGE_MALLOC}")),
+        _ => Some(HUGE_MALLOC.to_string()),
+    })
+}
+
 fn random_hex(bytes: usize) -> Result<String, String> {
     let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).map_err(|e| format!("no randomness for the job secret: {e}"))?;
@@ -225,6 +253,8 @@ struct Setup<'a> {
     flight_base: std::path::PathBuf,
     /// Set by Ctrl-C, SIGTERM and SIGHUP.
     stop: Arc<AtomicBool>,
+    /// `GLIBC_TUNABLES` for the ranks ([`malloc_tunables`]), if it changes.
+    tunables: Option<String>,
 }
 
 /// Starts the ranks of `job` on this node, hands their output to `output`, and watches
@@ -263,6 +293,13 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
     if multi && args.master_port == 0 {
         return fail(&"multi-node runs need --master-port");
     }
+    let tunables = match malloc_tunables(
+        std::env::var("GLIBC_TUNABLES").ok().as_deref(),
+        std::env::var("XCCL_MALLOC_HUGE_PAGES").ok().as_deref(),
+    ) {
+        Ok(t) => t,
+        Err(e) => return fail(&e),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
@@ -271,7 +308,7 @@ pub fn launch(args: &Job, output: Arc<dyn Output>) -> ExitCode {
     }
     let flight_base = std::env::var_os("XCCL_FLIGHT_DIR")
         .map_or_else(|| std::env::temp_dir().join("xccl-flight"), std::path::PathBuf::from);
-    let setup = Setup { job: args, secret, id, output: output.clone(), flight_base, stop };
+    let setup = Setup { job: args, secret, id, output: output.clone(), flight_base, stop, tunables };
     let attempts = args.max_restarts.saturating_add(1);
     let mut attempt = 0;
     loop {
@@ -372,6 +409,9 @@ impl Setup<'_> {
                 ("XCCL_FLIGHT_DIR", self.flight_dir(attempt as usize).display().to_string()),
             ] {
                 cmd.env(k, v);
+            }
+            if let Some(t) = &self.tunables {
+                cmd.env("GLIBC_TUNABLES", t);
             }
             cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
@@ -478,5 +518,23 @@ impl Setup<'_> {
             None if interrupted => Ending::Interrupted,
             None => Ending::Success,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_get_huge_page_malloc_unless_told_otherwise() {
+        assert_eq!(malloc_tunables(None, None), Ok(Some(HUGE_MALLOC.to_string())));
+        assert_eq!(malloc_tunables(Some(""), Some("1")), Ok(Some(HUGE_MALLOC.to_string())));
+        // Other tunables are kept; the user's own choice for huge pages wins.
+        let kept = format!("glibc.malloc.arena_max=2:{HUGE_MALLOC}");
+        assert_eq!(malloc_tunables(Some("glibc.malloc.arena_max=2"), None), Ok(Some(kept)));
+        assert_eq!(malloc_tunables(Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"), None), Ok(None));
+        assert_eq!(malloc_tunables(None, Some("0")), Ok(None));
+        let e = malloc_tunables(None, Some("yes")).unwrap_err();
+        assert!(e.contains("XCCL_MALLOC_HUGE_PAGES=yes") && e.contains("give 1"), "{e}");
     }
 }

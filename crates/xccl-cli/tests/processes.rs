@@ -33,6 +33,7 @@ fn main() {
         ("the launcher stops the job when a rank fails", launcher_failure),
         ("a failed job prints what every rank was doing (flight records)", flight_records),
         ("the launcher prefixes output with ranks", launcher_prefix),
+        ("ranks allocate large buffers on huge pages unless told otherwise", launcher_huge_pages),
         ("Ctrl-C stops every rank", launcher_interrupt),
         ("Ctrl-C and a failed rank stop a job still starting its ranks", launcher_stops_starting),
         ("a wrong secret is refused between processes", wrong_secret),
@@ -496,6 +497,55 @@ fn launcher_prefix() -> Result<(), String> {
         && stdout.contains("[1] hello from 1 of 2")
         && stderr.contains("[1] oops");
     if ok { Ok(()) } else { Err(text(&out)) }
+}
+
+/// `xccl run -n 1 -- ARGS` with `XCCL_MALLOC_HUGE_PAGES` as given (unset: `None`) and no
+/// `GLIBC_TUNABLES` of the caller's.
+fn run_one(setting: Option<&str>, args: &[&str]) -> Result<Output, String> {
+    let mut cmd = Command::new(XCCL);
+    cmd.args(["run", "-n", "1", "--"]).args(args).env_remove("GLIBC_TUNABLES");
+    match setting {
+        Some(v) => cmd.env("XCCL_MALLOC_HUGE_PAGES", v),
+        None => cmd.env_remove("XCCL_MALLOC_HUGE_PAGES"),
+    };
+    run_with_deadline(cmd, Duration::from_secs(30))
+}
+
+fn launcher_huge_pages() -> Result<(), String> {
+    let show = ["sh", "-c", "echo \"T=$GLIBC_TUNABLES\""];
+    let on = run_one(None, &show)?;
+    let off = run_one(Some("0"), &show)?;
+    let said =
+        |o: &Output, want: &str| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(want);
+    if !said(&on, "[0] T=glibc.malloc.hugetlb=1") || !said(&off, "[0] T=\n") {
+        return Err(format!("the ranks' GLIBC_TUNABLES: default {}, off {}", text(&on), text(&off)));
+    }
+    let bad = run_one(Some("yes"), &show)?;
+    if bad.status.success() || !String::from_utf8_lossy(&bad.stderr).contains("XCCL_MALLOC_HUGE_PAGES=yes") {
+        return Err(format!("XCCL_MALLOC_HUGE_PAGES=yes was not refused: {}", text(&bad)));
+    }
+    // The setting takes effect: a rank's 64 MiB buffer lies on 2 MiB pages (where the kernel
+    // offers transparent huge pages at all).
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.is_empty() || thp.contains("[never]") {
+        eprintln!(
+            "  note: transparent huge pages are off on this machine ({}); effect not checked",
+            thp.trim()
+        );
+        return Ok(());
+    }
+    let probe = "b = bytearray(b'\\x01') * (64 << 20)\n\
+                 print('AHP', next(l.split()[1] for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')))";
+    let huge_kib = |o: &Output| -> Option<u64> {
+        let out = String::from_utf8_lossy(&o.stdout);
+        out.lines().find_map(|l| l.split("AHP ").nth(1)).and_then(|v| v.trim().parse().ok())
+    };
+    let (on, off) =
+        (run_one(None, &["python3", "-c", probe])?, run_one(Some("0"), &["python3", "-c", probe])?);
+    match (huge_kib(&on), huge_kib(&off)) {
+        (Some(a), Some(b)) if a >= 32 << 10 && a > b => Ok(()),
+        _ => Err(format!("AnonHugePages of a 64 MiB buffer: default {}, off {}", text(&on), text(&off))),
+    }
 }
 
 fn launcher_interrupt() -> Result<(), String> {
