@@ -242,22 +242,32 @@ pub(crate) fn combine_into_uncached(
         if dst.len() != a.len() || dst.len() != b.len() {
             return combine_into(dtype, op, dst, a, b);
         }
-        const TILE: usize = 4096;
-        let mut tile = [0u64; TILE / 8];
-        let mut at = 0;
-        while at < dst.len() {
-            let n = TILE.min(dst.len() - at);
-            let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n];
-            combine_into(dtype, op, t, &a[at..at + n], &b[at..at + n])?;
-            stream_copy(&mut dst[at..at + n], t);
-            at += n;
-        }
-        // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
-        unsafe { std::arch::x86_64::_mm_sfence() };
-        Ok(())
+        by_tiles(dst.len(), |r, t| {
+            combine_into(dtype, op, t, &a[r.clone()], &b[r.clone()])?;
+            stream_copy(&mut dst[r], t);
+            Ok(())
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     combine_into(dtype, op, dst, a, b)
+}
+
+/// Runs `f(range, tile)` over `0..len` a 4 KiB tile at a time (`tile`: scratch of the range's
+/// length, in L1), then fences the non-temporal stores `f` made, so that whatever is written
+/// after (an acknowledgement to a peer that will read them) is ordered after them.
+#[cfg(target_arch = "x86_64")]
+fn by_tiles(len: usize, mut f: impl FnMut(std::ops::Range<usize>, &mut [u8]) -> Result<()>) -> Result<()> {
+    const TILE: usize = 4096;
+    let mut tile = [0u64; TILE / 8];
+    let mut at = 0;
+    while at < len {
+        let n = TILE.min(len - at);
+        f(at..at + n, &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n])?;
+        at += n;
+    }
+    // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
+    unsafe { std::arch::x86_64::_mm_sfence() };
+    Ok(())
 }
 
 /// `dst = a ⊕ b` written around the caches like [`combine_into_uncached`], and the same result
@@ -275,20 +285,12 @@ pub(crate) fn combine_into_uncached_keeping(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        const TILE: usize = 4096;
-        let mut tile = [0u64; TILE / 8];
-        let mut at = 0;
-        while at < dst.len() {
-            let n = TILE.min(dst.len() - at);
-            let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n];
-            combine_into(dtype, op, t, &a[at..at + n], &b[at..at + n])?;
-            b[at..at + n].copy_from_slice(t);
-            stream_copy(&mut dst[at..at + n], t);
-            at += n;
-        }
-        // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
-        unsafe { std::arch::x86_64::_mm_sfence() };
-        Ok(())
+        by_tiles(dst.len(), |r, t| {
+            combine_into(dtype, op, t, &a[r.clone()], &b[r.clone()])?;
+            b[r.clone()].copy_from_slice(t);
+            stream_copy(&mut dst[r], t);
+            Ok(())
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
