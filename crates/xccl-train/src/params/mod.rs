@@ -283,9 +283,7 @@ impl Slot {
             ))),
         }
     }
-}
 
-impl Slot {
     /// Runs `f` on its current values (resident, contiguous f32) in place: no copy, no new
     /// variable. Whoever holds its tensor sees the new values (an optimiser step comes after
     /// every backward that read them).
