@@ -14,6 +14,11 @@
 # The 64 MiB all-reduce is also run on 2 MiB pages (HUGE_SIZES): xccl on its HostBuffers
 # (`--huge-pages`), and, where this script may set the system's transparent-huge-page mode
 # (root), Open MPI with THP=always, so that both copy out of huge pages; the mode is put back.
+# xccl's other rows ("heap") run under `xccl run`, whose ranks allocate with glibc's
+# `glibc.malloc.hugetlb=1` (README, XCCL_MALLOC_HUGE_PAGES): large `Vec`s lie on transparent
+# huge pages there too, as NumPy arrays do. XCCL_MALLOC_HUGE_PAGES=0 in the environment of
+# this script measures glibc's default malloc instead; an older build (BEFORE) started by its
+# own launcher keeps the malloc that launcher gave.
 #
 # Needs the peers (../shared/bench/peers/install_peers.sh: Open MPI, MPICH, a venv with torch
 # in /tmp/peers-venv). Every command runs under the peers' prio_run.sh (own scheduler

@@ -148,6 +148,7 @@ for t, m, r, ok in checks:
 # Before and after: each row's median time against the older build's, and the noise band, the
 # larger spread (max-min over median) of the two builds' repetitions of that row; the
 # all-reduce's other forms (in place, 2 MiB pages) beside the plain rows.
+# "heap": ordinary `Vec`s, under `xccl run`'s malloc setting (compare_shm.sh's header).
 FORMS = [("", "heap"), ("inplace", "in place"), ("huge", "2 MiB pages"), ("hugeinplace", "in place, 2 MiB pages")]
 pairs = sorted((f, label) + k[1:] for f, label in FORMS for k in rows
                if k[0] == "xccl" + f and ("before" + f,) + k[1:] in rows)
