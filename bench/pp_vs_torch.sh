@@ -136,6 +136,8 @@ xccl_pp() {  # kind schedule p v m batch steps split rep [extra flags...]
     --micro-batches "$5" "${extra[@]}" "${UNTIED[@]}" --width "$width" --layers "$layers" --heads "$heads" \
     --batch "$6" --steps "$7" --out "$dir" > "$dir.log" 2>&1 \
     || echo "warning: xccl $name failed, see $dir.log" >&2
+  # The final checkpoint is not measured (KEEP_CHECKPOINTS=1 keeps it).
+  if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then rm -rf "$dir/checkpoint"; fi
 }
 
 for rep in $(seq 1 "$REPS"); do

@@ -89,6 +89,8 @@ xccl_tp() {  # tp threads cfg rep steps
   RAYON_NUM_THREADS="$threads" $RUN "$XCCL" train --dp 1 --tp "$tp" "${extra[@]}" --width "$width" \
     --layers "$layers" --heads "$heads" --batch 64 --steps "$5" --out "$dir" > "$dir.log" 2>&1 \
     || echo "warning: xccl tp=$tp $3 rep $4 failed, see $dir.log" >&2
+  # The final checkpoint (1.2 GB for the wide model) is not measured (KEEP_CHECKPOINTS=1 keeps it).
+  if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then rm -rf "$dir/checkpoint"; fi
 }
 
 for rep in $(seq 1 "$REPS"); do

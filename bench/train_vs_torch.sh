@@ -50,6 +50,8 @@ for rep in $(seq 1 "$REPS"); do
       # shellcheck disable=SC2086
       $RUN "$bin" train --dp 2 --width "$width" --layers "$layers" --heads 4 --batch 64 --steps "$STEPS" \
         --out "$OUT/${name}_${cfg}_r$rep" > "$OUT/${name}_${cfg}_r$rep.log" 2>&1
+      # The final checkpoint is not measured (KEEP_CHECKPOINTS=1 keeps it).
+      if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then rm -rf "$OUT/${name}_${cfg}_r$rep/checkpoint"; fi
     done
   done
 done

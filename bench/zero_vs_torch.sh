@@ -28,7 +28,7 @@
 # Every command runs under the peers' prio_run.sh (own scheduler autogroup, nice -10), as
 # the other comparisons; RUN="nice -n 19" runs politely instead. NO_BUILD=1 skips the cargo
 # build; the binary is ${CARGO_TARGET_DIR:-target}/release/xccl (XCCL_BIN overrides it).
-# xccl's final checkpoint (1.2 GB at the default size) is deleted after each run unless
+# xccl's final checkpoint (3.4 GB of slices at the default size) is deleted after each run unless
 # KEEP_CHECKPOINTS=1. Raw results go to $OUT: torch_{mode}_{CFG}_r{rep}.json and .log,
 # xccl_{ddp,zero1,zero2,zero3}_{CFG}_r{rep}/summary.json and .log, the baselines as
 # torch_base_{CFG}_r{rep} and xccl_base_{CFG}_r{rep}; the summary (medians over
@@ -130,7 +130,7 @@ xccl_run() {  # variant cfg rep [flags...]
       --steps "$STEPS" --out "$dir" > "$dir.log" 2>&1; then
     skip "skip xccl $name (${flags[*]:-DDP}): it failed or was refused: $(grep -m1 'xccl train:' "$dir.log" || tail -n 1 "$dir.log")"
   fi
-  if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then rm -f "$dir/checkpoint.safetensors"; fi
+  if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then rm -rf "$dir/checkpoint" "$dir/checkpoint.safetensors"; fi
 }
 
 for rep in $(seq 1 "$REPS"); do

@@ -1,6 +1,7 @@
 //! ZeRO stages 1–3 on thread ranks give the parameters of single-process training: every
 //! stage × dp ∈ {1, 2, 3, 4} (uneven shards and shares) × tp ∈ {1, 2}, both optimisers,
-//! with gradient accumulation, and stage 1 in a pipeline with a tied head; reruns are
+//! with gradient accumulation, and stage 1 in a pipeline with a tied head; every stage on a
+//! model whose first block leaves its backward to candle's autograd; reruns are
 //! bit-identical; stage 3 holds only its shard and the working set; a checkpoint written in
 //! slices at dp 2 × tp 2 × ZeRO 3 resumes at other meshes and stages; impossible settings
 //! fail on every rank before any communication.
@@ -9,6 +10,7 @@ mod common;
 
 use common::{moved, reference, rel_diff, run, run_with, temp, tiny, with_checkpoint};
 use xccl_train::config::{Balance, PipelineConfig, ZeroConfig};
+use xccl_train::model::{ModelConfig, ModelKind};
 use xccl_train::optim::OptimConfig;
 use xccl_train::pipeline::schedule::Kind;
 use xccl_train::trainer::{Strategy, TrainConfig};
@@ -68,6 +70,20 @@ fn every_stage_matches_single_process_training() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_block_left_to_candles_autograd_gets_its_lent_parameters_as_variables() {
+    // The MLP's window embedding has no backward of its own: stages 1 and 2 lend it views
+    // of the gathered buffer, which must become variables before candle's autograd runs.
+    let mut base = tiny(OptimConfig::adamw(1e-2), zero(1), 7, 1, STEPS);
+    base.model = ModelConfig { kind: ModelKind::Mlp, layers: 2, width: 32, tied: false, ..base.model };
+    let expect = reference(&base);
+    assert!(moved(&base, &expect) > 100.0 * TOLERANCE, "training did not move the parameters");
+    for stage in [1, 2, 3] {
+        let config = TrainConfig { strategy: zero(stage), ..base.clone() };
+        check(&config, 2, &expect, &format!("mlp, zero {stage}, dp 2"));
     }
 }
 

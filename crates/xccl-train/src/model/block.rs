@@ -102,6 +102,10 @@ struct AutogradSaved {
 
 fn autograd_forward<B: Block + ?Sized>(block: &B, x: &Tensor) -> candle_core::Result<(Tensor, Saved)> {
     let input = if x.dtype() == DType::U32 { None } else { Some(Var::from_tensor(&x.detach())?) };
+    // Candle's autograd computes gradients of variables only (a lent view is not one).
+    for p in block.params().iter().chain(block.shared()) {
+        p.make_variable().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    }
     let params = block.params().iter().chain(block.shared()).map(|p| (p.clone(), p.tensor())).collect();
     let output = block.forward(input.as_ref().map_or(x, Var::as_tensor))?;
     // Counted: the input and the output; the graph between them holds more.

@@ -70,6 +70,11 @@ impl Chunks {
         &self.bufs[i]
     }
 
+    /// Chunk `i`, to change in place (empty while [taken](Self::take) or vacant).
+    pub fn chunk_mut(&mut self, i: usize) -> &mut [f32] {
+        &mut self.bufs[i]
+    }
+
     /// Sets every element to zero.
     pub fn zero(&mut self) {
         for b in &mut self.bufs {

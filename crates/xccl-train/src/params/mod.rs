@@ -131,14 +131,19 @@ fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
 
 /// One named, trainable tensor of a block.
 ///
-/// Clones share one cell holding the variable: the layers of a block hold clones and read
-/// the current variable at every forward, so the value can be released (its memory freed)
-/// and materialised again (ZeRO stage 3 keeps only a shard between uses) without the
-/// layers knowing.
+/// Clones share one cell holding the current value: the layers of a block hold clones and
+/// read the value at every forward, so the value can be released (its memory freed),
+/// materialised again (ZeRO stage 3 keeps only a shard between uses) or lent from a larger
+/// buffer without the layers knowing.
+///
+/// The value is a candle variable (a tensor whose gradient candle's autograd computes)
+/// unless it was [lent](Self::lend) as a view of a gathered buffer: a block that writes its
+/// backward out reads either alike; one that leaves it to candle's autograd turns its
+/// parameters into variables first ([`make_variable`](Self::make_variable)).
 #[derive(Clone, Debug)]
 pub struct Param {
     name: String,
-    var: Arc<RwLock<Var>>,
+    value: Arc<RwLock<Tensor>>,
     /// This rank's shape (its piece of the full tensor).
     shape: Vec<usize>,
     shard: Shard,
@@ -155,7 +160,8 @@ impl Param {
     /// A parameter holding piece `shard` of the full tensor of shape `full_shape`.
     pub fn sharded(name: impl Into<String>, var: Var, shard: Shard, full_shape: Vec<usize>) -> Param {
         let shape = var.as_tensor().dims().to_vec();
-        Param { name: name.into(), var: Arc::new(RwLock::new(var)), shape, shard, full_shape }
+        let value = Arc::new(RwLock::new(var.as_tensor().clone()));
+        Param { name: name.into(), value, shape, shard, full_shape }
     }
 
     /// How it is divided over the tensor-parallel group.
@@ -178,61 +184,91 @@ impl Param {
         &self.name
     }
 
-    fn cell(&self) -> std::sync::RwLockReadGuard<'_, Var> {
+    fn cell(&self) -> std::sync::RwLockReadGuard<'_, Tensor> {
         // A writer never panics while holding the lock, so a poisoned lock still holds a
-        // whole variable.
-        self.var.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        // whole tensor.
+        self.value.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn put(&self, value: Tensor) {
+        *self.value.write().unwrap_or_else(std::sync::PoisonError::into_inner) = value;
     }
 
     /// Whether `other` is this parameter (a clone of it), whatever its value is now.
     pub fn is(&self, other: &Param) -> bool {
-        Arc::ptr_eq(&self.var, &other.var)
+        Arc::ptr_eq(&self.value, &other.value)
     }
 
-    /// The variable currently holding its value ([`set`](Self::set) puts a new one in its
-    /// place).
-    pub fn var(&self) -> Var {
-        self.cell().clone()
+    /// Its value as a candle variable: the one it holds, or, for a [lent](Self::lend)
+    /// view, a copy (which the parameter does not keep).
+    pub fn var(&self) -> Result<Var> {
+        Ok(Var::from_tensor(&self.cell())?)
     }
 
-    /// Its value, as a tensor that tracks gradients (the variable's current tensor).
+    /// Its value (the current variable's tensor, or the view it was lent).
     pub fn tensor(&self) -> Tensor {
-        self.cell().as_tensor().clone()
+        self.cell().clone()
     }
 
     /// Whether its value is held (not [released](Self::release)).
     pub fn is_resident(&self) -> bool {
-        self.cell().as_tensor().dims() == self.shape.as_slice()
+        self.cell().dims() == self.shape.as_slice()
     }
 
     /// Sets its value from `values` (this rank's shape, row-major), in a new variable (one
     /// copy of `values`): whatever held the old value (a saved graph) keeps it.
     pub fn set(&self, values: &[f32]) -> Result<()> {
-        self.replace(values.to_vec())
-    }
-
-    /// Sets its value to `values` (this rank's shape, row-major), moved into a new variable
-    /// without a copy: whatever held the old value (a saved graph) keeps it.
-    pub fn replace(&self, values: Vec<f32>) -> Result<()> {
-        let n: usize = self.shape.iter().product();
-        if values.len() != n {
-            return Err(Error::internal(format!(
-                "{} values given for parameter {} of {n} elements",
-                values.len(),
-                self.name
-            )));
-        }
-        let var = Var::from_vec(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
-        *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = var;
+        self.check_len(values.len())?;
+        let var = Var::from_slice(values, self.shape.as_slice(), &candle_core::Device::Cpu)?;
+        self.put(var.as_tensor().clone());
         Ok(())
     }
 
-    /// Drops its value: the memory is freed once no graph holds the old tensor. Reading it
-    /// again needs [`set`](Self::set) first; a forward on a released parameter fails with a
-    /// shape error.
+    /// Holds `view` (a tensor of this rank's shape, typically a piece of a larger buffer)
+    /// as its value, without a copy. It is not a variable: candle's autograd computes no
+    /// gradient for it until [`make_variable`](Self::make_variable). Whatever held the old
+    /// value keeps it.
+    pub fn lend(&self, view: Tensor) -> Result<()> {
+        if view.dims() != self.shape.as_slice() || view.dtype() != candle_core::DType::F32 {
+            return Err(Error::internal(format!(
+                "parameter {} of shape {:?} lent a {:?} tensor of shape {:?}",
+                self.name,
+                self.shape,
+                view.dtype(),
+                view.dims()
+            )));
+        }
+        self.put(view);
+        Ok(())
+    }
+
+    /// Makes its value a candle variable if it is not one (a [lent](Self::lend) view: one
+    /// copy), so that candle's autograd computes its gradient.
+    pub fn make_variable(&self) -> Result<()> {
+        let t = self.tensor();
+        if !t.is_variable() {
+            self.put(Var::from_tensor(&t)?.as_tensor().clone());
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, n: usize) -> Result<()> {
+        let want: usize = self.shape.iter().product();
+        if n != want {
+            return Err(Error::internal(format!(
+                "{n} values given for parameter {} of {want} elements",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops its value: the memory is freed once nothing else holds the old tensor (a
+    /// saved graph, other views of the buffer it was lent from). Reading it again needs
+    /// [`set`](Self::set) or [`lend`](Self::lend) first; a forward on a released parameter
+    /// fails with a shape error.
     pub fn release(&self) -> Result<()> {
-        let empty = Var::from_tensor(&Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?)?;
-        *self.var.write().unwrap_or_else(std::sync::PoisonError::into_inner) = empty;
+        self.put(Tensor::zeros(0, candle_core::DType::F32, &candle_core::Device::Cpu)?);
         Ok(())
     }
 }
@@ -596,6 +632,19 @@ impl ParamSet {
     pub fn write_range(&self, at: usize, values: &[f32]) -> Result<()> {
         self.each_whole(at..at + values.len(), |s| {
             s.param.set(&values[s.range().start - at..s.range().end - at])
+        })
+    }
+
+    /// Lends the parameters whose elements are `at .. at + values.len()` of this rank's
+    /// flat vector (whole parameters only) their pieces of `values`, which becomes one
+    /// tensor: each parameter holds a view of it ([`Param::lend`]), no element is copied,
+    /// and the buffer is freed once every view is released or replaced.
+    pub fn lend_range(&self, at: usize, values: Vec<f32>) -> Result<()> {
+        let n = values.len();
+        let flat = Tensor::from_vec(values, n, &candle_core::Device::Cpu)?;
+        self.each_whole(at..at + n, |s| {
+            let r = s.range();
+            s.param.lend(flat.narrow(0, r.start - at, r.len())?.reshape(s.shape.as_slice())?)
         })
     }
 

@@ -14,10 +14,13 @@ use super::UnitWork;
 use super::layout::ShardLayout;
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::params::Chunks;
 
 /// Gathers and frees the parameters of the blocks of one rank's model. Its methods take the
-/// [`ShardLayout`] it was made for and this rank's shard of the parameters as they are at
-/// the time (the optimiser updates the shard between steps).
+/// [`ShardLayout`] it was made for and this rank's shard of the parameters, one chunk per
+/// unit, as they are at the time (the optimiser updates the shard between steps). A unit's
+/// chunk is sent by its gather itself, taken out of the shard while the gather is in flight
+/// and put back when it completes: no copy.
 pub(crate) struct Gatherer<'a> {
     comm: &'a Communicator,
     model: &'a Model,
@@ -30,9 +33,9 @@ pub(crate) struct Gatherer<'a> {
     resident: Vec<bool>,
     /// Most full elements resident or in flight at once (the working set), this step.
     pub peak: usize,
-    /// Buffers of finished gathers (this rank's piece, the whole), kept for the next ones:
-    /// a fresh buffer costs a zero fill and a page fault per page.
-    spare: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Buffers of finished gathers (the whole), kept for the next ones: a fresh buffer costs
+    /// a zero fill and a page fault per page.
+    spare: Vec<Vec<f32>>,
 }
 
 impl<'a> Gatherer<'a> {
@@ -62,25 +65,16 @@ impl<'a> Gatherer<'a> {
         }
     }
 
-    fn launch(&mut self, layout: &ShardLayout, shard: &[f32], u: usize) {
+    fn launch(&mut self, layout: &ShardLayout, shard: &mut Chunks, u: usize) {
         if self.resident[u] || self.in_flight.contains_key(&u) {
             return;
         }
         let unit = &layout.units()[u];
-        let piece = &shard[layout.shard_range(u)];
-        let (mine, full) = match self
-            .spare
-            .iter()
-            .position(|(m, f)| m.len() == piece.len() && f.len() == unit.range.len())
-        {
-            Some(i) => {
-                let (mut mine, full) = self.spare.swap_remove(i);
-                mine.copy_from_slice(piece);
-                (mine, full)
-            }
-            None => (piece.to_vec(), vec![0.0; unit.range.len()]),
+        let full = match self.spare.iter().position(|f| f.len() == unit.range.len()) {
+            Some(i) => self.spare.swap_remove(i),
+            None => vec![0.0; unit.range.len()],
         };
-        let work = self.comm.all_gather_v_async(mine, full, &unit.counts);
+        let work = self.comm.all_gather_v_async(shard.take(u), full, &unit.counts);
         self.in_flight.insert(u, work);
         self.note_working_set(layout);
     }
@@ -95,16 +89,17 @@ impl<'a> Gatherer<'a> {
     }
 
     /// Puts unit `u`'s full parameters into the model (waiting for its gather).
-    fn materialise(&mut self, layout: &ShardLayout, shard: &[f32], u: usize) -> Result<()> {
+    fn materialise(&mut self, layout: &ShardLayout, shard: &mut Chunks, u: usize) -> Result<()> {
         if self.resident[u] {
             return Ok(());
         }
         self.launch(layout, shard, u);
         let work = self.in_flight.remove(&u).ok_or_else(|| Error::internal("gather lost"))?;
         let (mine, full) = work.wait()?;
+        shard.put(u, mine)?;
         self.model.params().write_range(layout.units()[u].range.start, &full)?;
         self.resident[u] = true;
-        self.spare.push((mine, full));
+        self.spare.push(full);
         Ok(())
     }
 
@@ -131,10 +126,12 @@ impl<'a> Gatherer<'a> {
     }
 
     /// Waits for the gathers still in flight (a prefetch nobody used), so that no
-    /// collective is left running when the step ends.
-    pub fn drain(&mut self) -> Result<()> {
-        for (_, work) in std::mem::take(&mut self.in_flight) {
-            work.wait()?;
+    /// collective is left running when the step ends, and puts their pieces back in `shard`.
+    pub fn drain(&mut self, shard: &mut Chunks) -> Result<()> {
+        for (u, work) in std::mem::take(&mut self.in_flight) {
+            let (mine, full) = work.wait()?;
+            shard.put(u, mine)?;
+            self.spare.push(full);
         }
         Ok(())
     }
@@ -144,7 +141,7 @@ impl<'a> Gatherer<'a> {
     pub fn fetch(
         &mut self,
         layout: &ShardLayout,
-        shard: &[f32],
+        shard: &mut Chunks,
         k: usize,
         next: Option<usize>,
     ) -> Result<()> {

@@ -82,8 +82,9 @@ pub(crate) struct Zero<'a> {
     recompute: bool,
     layout: ShardLayout,
     optimizer: Optimizer,
-    /// Stage 3: this rank's slices of the parameters (empty otherwise).
-    shard_params: Vec<f32>,
+    /// Stage 3: this rank's slices of the parameters, one chunk per unit, each sent by its
+    /// unit's gathers as it is (no chunks otherwise).
+    shard_params: Chunks,
     reducer: Reducer,
     /// Stage 3: the gathers of the blocks' parameters.
     gatherer: Option<Gatherer<'a>>,
@@ -102,7 +103,14 @@ impl<'a> Zero<'a> {
         let state = optimizer.state().iter().map(|s| layout.shard_of(s)).collect();
         let optimizer = Optimizer::restore(*optimizer.config(), optimizer.steps(), state)?;
         let stage3 = config.stage == 3;
-        let shard_params = if stage3 { layout.shard_of(&params) } else { Vec::new() };
+        let shard_params = if stage3 {
+            let lens: Vec<usize> = (0..layout.units().len()).map(|u| layout.shard_range(u).len()).collect();
+            let mut chunks = Chunks::new(&lens);
+            chunks.set(0, &layout.shard_of(&params))?;
+            chunks
+        } else {
+            Chunks::new(&[])
+        };
         drop(params);
         if stage3 {
             for slot in set.slots() {
@@ -153,7 +161,7 @@ impl Strategy for Zero<'_> {
 
     fn before_block(&mut self, k: usize, next: Option<usize>) -> Result<()> {
         match &mut self.gatherer {
-            Some(g) => g.fetch(&self.layout, &self.shard_params, k, next),
+            Some(g) => g.fetch(&self.layout, &mut self.shard_params, k, next),
             None => Ok(()),
         }
     }
@@ -171,7 +179,7 @@ impl Strategy for Zero<'_> {
 
     fn reduce(&mut self, cx: &Context, grads: &mut Chunks, loss: f64, trace: &mut Trace) -> Result<Reduced> {
         if let Some(g) = &mut self.gatherer {
-            g.drain()?;
+            g.drain(&mut self.shard_params)?;
             g.release_all(&self.layout)?;
             self.working_set = self.working_set.max(g.peak);
         }
@@ -201,7 +209,7 @@ impl Strategy for Zero<'_> {
             cx,
             &self.layout,
             &self.optimizer,
-            self.gatherer.as_ref().map(|_| &self.shard_params[..]),
+            self.gatherer.as_ref().map(|_| &self.shard_params),
             step,
             losses,
         )
@@ -225,13 +233,13 @@ impl Strategy for Zero<'_> {
 fn step_shard(
     layout: &ShardLayout,
     optimizer: &mut Optimizer,
-    params: &mut [f32],
+    params: &mut Chunks,
     grads: &[f32],
 ) -> Result<()> {
     optimizer.begin_step();
     for u in 0..layout.units().len() {
         let sr = layout.shard_range(u);
-        optimizer.update(sr.start, &mut params[sr.clone()], &grads[sr])?;
+        optimizer.update(sr.start, params.chunk_mut(u), &grads[sr])?;
     }
     Ok(())
 }
@@ -268,7 +276,7 @@ fn step_and_gather(
 fn write_back(set: &ParamSet, gather: Option<(usize, UnitWork)>) -> Result<()> {
     let (at, work) = gather.ok_or_else(|| Error::internal("no gather to wait for"))?;
     let (_, full) = work.wait()?;
-    set.write_range(at, &full)
+    set.lend_range(at, full)
 }
 
 /// What this rank writes to a checkpoint: its slices of the parameters (stage 3: of
@@ -279,7 +287,7 @@ fn snapshot(
     cx: &Context,
     layout: &ShardLayout,
     optimizer: &Optimizer,
-    shard_params: Option<&[f32]>,
+    shard_params: Option<&Chunks>,
     step: u64,
     losses: &[(u64, f64)],
 ) -> Result<Snapshot> {
@@ -295,7 +303,7 @@ fn snapshot(
         .collect();
     let at = |r: Range<usize>| layout.in_shard(r).ok_or_else(|| Error::internal("a piece outside the shard"));
     let values = |source: Source, r: Range<usize>| match (source, shard_params) {
-        (Source::Params, Some(shard)) => Ok(shard[at(r)?].to_vec()),
+        (Source::Params, Some(shard)) => shard.get(at(r)?),
         (Source::Params, None) => set.read_range(r),
         (Source::State(i), _) => Ok(optimizer.state()[i][at(r)?].to_vec()),
     };
@@ -303,11 +311,11 @@ fn snapshot(
 }
 
 /// This rank's whole flat vector from every rank's `shard` (one all-gather per unit).
-fn gather_all(dp: &Communicator, layout: &ShardLayout, shard: &[f32]) -> Result<Vec<f32>> {
+fn gather_all(dp: &Communicator, layout: &ShardLayout, shard: &Chunks) -> Result<Vec<f32>> {
     let len = layout.units().last().map_or(0, |u| u.range.end);
     let mut full = vec![0.0; len];
     for (u, unit) in layout.units().iter().enumerate() {
-        dp.all_gather_v(&shard[layout.shard_range(u)], &mut full[unit.range.clone()], &unit.counts)?;
+        dp.all_gather_v(shard.chunk(u), &mut full[unit.range.clone()], &unit.counts)?;
     }
     Ok(full)
 }

@@ -27,6 +27,9 @@ pub(crate) struct Reducer {
     pending: VecDeque<(usize, UnitWork)>,
     /// This rank's slice of the summed gradient, in shard order.
     pub shard: Vec<f32>,
+    /// Output buffers of finished reduce-scatters, kept for the next ones (each is written
+    /// whole by its collective): a fresh one costs a zero fill.
+    spare: Vec<Vec<f32>>,
 }
 
 impl Reducer {
@@ -40,6 +43,7 @@ impl Reducer {
             launched: vec![false; layout.units().len()],
             pending: VecDeque::new(),
             shard: vec![0.0; layout.shard_len()],
+            spare: Vec::new(),
         }
     }
 
@@ -76,7 +80,11 @@ impl Reducer {
         let counts = &layout.units()[u].counts;
         let full = grads.take(u);
         let full = if full.is_empty() { vec![0.0; grads.range(u).len()] } else { full };
-        let out = vec![0.0; counts[layout.rank()]];
+        let n = counts[layout.rank()];
+        let out = match self.spare.iter().position(|b| b.len() == n) {
+            Some(i) => self.spare.swap_remove(i),
+            None => vec![0.0; n],
+        };
         self.pending.push_back((u, self.comm.reduce_scatter_v_async(full, out, counts, ReduceOp::Sum)));
         self.launched[u] = true;
         while !self.keep_full && self.pending.len() > IN_FLIGHT {
@@ -91,6 +99,7 @@ impl Reducer {
         for (s, g) in self.shard[layout.shard_range(u)].iter_mut().zip(&slice) {
             *s += g;
         }
+        self.spare.push(slice);
         if self.keep_full {
             grads.put(u, full)?;
         } else {

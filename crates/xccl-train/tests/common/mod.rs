@@ -77,7 +77,7 @@ pub fn run(n: usize, config: &TrainConfig) -> Vec<Outcome> {
 pub fn reference(config: &TrainConfig) -> Vec<f32> {
     let task = config.task.load().unwrap();
     let model = Model::new(&config.model, config.seed).unwrap();
-    let vars: Vec<Var> = model.params().slots().iter().map(|s| s.param.var()).collect();
+    let vars: Vec<Var> = model.params().slots().iter().map(|s| s.param.var().unwrap()).collect();
     enum Opt {
         Adam(candle_nn::AdamW),
         Sgd { lr: f64, momentum: f64, wd: f64, bufs: Vec<Option<Tensor>> },
