@@ -509,6 +509,7 @@ mod tests {
                 .collect(),
             slots: (0..4).map(|k| (k, params[k])).collect(),
             optim_per_elem: 0.0,
+            copy_per_elem: 0.0,
             source: "test".into(),
         }
     }

@@ -48,6 +48,9 @@ pub struct Profile {
     pub slots: Vec<(usize, usize)>,
     /// Seconds of the optimiser's update per parameter element.
     pub optim_per_elem: f64,
+    /// Seconds per parameter element of putting a gathered block into its parameters, each
+    /// a fresh tensor copied out of the gathered buffer (ZeRO stage 3, every gather).
+    pub copy_per_elem: f64,
     /// Where the times come from, in words.
     pub source: String,
 }
@@ -127,10 +130,20 @@ pub fn measure(
             .collect::<Result<Vec<f64>, String>>()
     })?;
     let optim_per_elem = median(&mut rates);
+    // So are ZeRO stage 3's copies of gathered blocks into parameters.
+    let sizes: Vec<usize> = slots.iter().map(|s| s.1).collect();
+    let mut rates = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..replicas.max(1) * tp.max(1)).map(|_| s.spawn(|| copy_rate(&sizes))).collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| "a measuring thread panicked".to_string()))
+            .collect::<Result<Vec<f64>, String>>()
+    })?;
+    let copy_per_elem = median(&mut rates);
     Ok(Profile {
         blocks,
         slots,
         optim_per_elem,
+        copy_per_elem,
         source: format!(
             "measured here: {} rows x {} tokens per micro-batch, median of {iters} iteration(s) x {} group(s) of {tp} rank(s) at once, {} thread(s) each",
             micro.rows,
@@ -302,6 +315,25 @@ fn optimizer_rate(optim: OptimConfig, len: usize) -> Result<f64, String> {
         t.push(t0.elapsed().as_secs_f64());
     }
     Ok(median(&mut t[1..]) / len as f64)
+}
+
+/// Seconds per element of copying every parameter of sizes `sizes` out of one gathered
+/// buffer into a fresh vector of its own, as ZeRO stage 3 puts a gathered block into its
+/// parameters: the median of 5 rounds after one warm-up.
+fn copy_rate(sizes: &[usize]) -> f64 {
+    let total: usize = sizes.iter().sum();
+    let gathered = vec![0.5f32; total.max(1)];
+    let mut t = Vec::new();
+    for _ in 0..6 {
+        let t0 = Instant::now();
+        let mut at = 0;
+        for &n in sizes {
+            std::hint::black_box(gathered[at..at + n].to_vec());
+            at += n;
+        }
+        t.push(t0.elapsed().as_secs_f64());
+    }
+    median(&mut t[1..]) / total.max(1) as f64
 }
 
 /// Reads the compute spans of rank `rank` (its `pid`) from a Chrome trace `xccl train`

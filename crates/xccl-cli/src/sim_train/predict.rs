@@ -263,9 +263,10 @@ fn sequential_lane(m: usize, profile: &Profile, cost: &[[f64; 4]]) -> Lane {
 }
 
 /// ZeRO stage 3: each block's parameters gathered over the data-parallel group just before
-/// it runs (the next block's prefetched as one starts), gathered again for its backward
-/// (whose forward runs again first when `again`, recomputation), and each block's gradient
-/// reduce-scattered once its backward is done, all on one stream.
+/// it runs (the next block's prefetched as one starts) and copied into its parameters on
+/// the compute thread, gathered again for its backward (whose forward runs again first when
+/// `again`, recomputation), and each block's gradient reduce-scattered once its backward is
+/// done, all on one stream.
 fn zero3_lane(
     config: &TrainConfig,
     profile: &Profile,
@@ -295,6 +296,8 @@ fn zero3_lane(
                 ready.insert(j, free);
             }
             let start = if needs { t.max(ready[&j]) } else { t };
+            // A gathered block is copied into its parameters on the compute thread.
+            let copy = if needs { profile.copy_per_elem * profile.blocks[k].params as f64 } else { 0.0 };
             if let Some(&(k1, b1)) = ops.get(j + 1)
                 && !(b1 && k1 + 1 == n)
             {
@@ -303,9 +306,9 @@ fn zero3_lane(
             }
             let c = &cost[k];
             let (comp, comm) = match bwd {
-                false => (c[0], c[1]),
-                true if again && k + 1 < n => (c[0] + c[2], c[1] + c[3]),
-                true => (c[2], c[3]),
+                false => (c[0] + copy, c[1]),
+                true if again && k + 1 < n => (c[0] + c[2] + copy, c[1] + c[3]),
+                true => (c[2] + copy, c[3]),
             };
             t = start + comp + comm;
             busy += comp;
