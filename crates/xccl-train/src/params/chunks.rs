@@ -6,6 +6,9 @@ use super::Grad;
 use super::ParamSet;
 use crate::error::{Error, Result};
 
+/// Chunks found vacant by one [`Chunks::add_grads`], each with the regions written so far.
+type Fresh = Vec<(usize, Vec<Range<usize>>)>;
+
 /// A flat `f32` vector kept as consecutive chunks, each its own `Vec`, so that one chunk
 /// (a DDP bucket, a parameter-server shard) can be handed to an asynchronous collective and
 /// come back without a copy.
@@ -106,7 +109,7 @@ impl Chunks {
         while !rest.is_empty() {
             let i = self.starts.partition_point(|&s| s <= pos) - 1;
             let at = pos - self.starts[i];
-            self.fill_vacant(i);
+            self.fill_vacant(i, true);
             let n = rest.len().min(self.bufs[i].len() - at);
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
                 f(d, *s);
@@ -135,43 +138,94 @@ impl Chunks {
     /// Adds every gradient of `grads` (slot index, gradient) at its slot's place: straight
     /// from the gradient's storage, and a weight's product computed into the chunk
     /// ([`Grad::add_to`]), when the slot lies in one chunk.
+    ///
+    /// A chunk this call finds vacant is not zero-filled first: a spare buffer is taken as
+    /// it is, the first gradient of each region is written over it ([`Grad::write_to`]),
+    /// and what no gradient covers is zeroed once they all are in (also when one fails), so
+    /// that every chunk holds only sums of gradients when this returns.
     pub fn add_grads(&mut self, set: &ParamSet, grads: &[(usize, Grad)]) -> Result<()> {
+        let mut fresh = Vec::new();
+        let stored = self.store_grads(set, grads, &mut fresh);
+        self.settle(&mut fresh);
+        stored
+    }
+
+    /// [`add_grads`](Self::add_grads)' loop; `fresh` collects the chunks it found vacant,
+    /// each with the regions (in the chunk) written so far.
+    fn store_grads(&mut self, set: &ParamSet, grads: &[(usize, Grad)], fresh: &mut Fresh) -> Result<()> {
         for (i, g) in grads {
             let slot = &set.slots()[*i];
-            match self.slice_mut(slot.offset, slot.range().len()) {
-                Some(dst) => g.add_to(dst)?,
-                None => {
-                    let t = g.tensor()?.flatten_all()?.to_vec1::<f32>()?;
-                    self.add(slot.offset, &t)?;
+            let (offset, len) = (slot.offset, slot.range().len());
+            let Some((c, at)) = self.locate(offset, len) else {
+                // Across chunks: added element by element, over settled chunks.
+                self.settle(fresh);
+                let t = g.tensor()?.flatten_all()?.to_vec1::<f32>()?;
+                self.add(offset, &t)?;
+                continue;
+            };
+            let region = at..at + len;
+            if self.bufs[c].is_empty() && !self.range(c).is_empty() {
+                self.fill_vacant(c, false);
+                fresh.push((c, Vec::new()));
+            }
+            let disjoint = |r: &Range<usize>| r.end <= region.start || region.end <= r.start;
+            let within = |r: &Range<usize>| r.start <= region.start && region.end <= r.end;
+            match fresh.iter_mut().find(|(k, _)| *k == c) {
+                // The region's first gradient: written over whatever the buffer held.
+                Some((_, written)) if written.iter().all(disjoint) => {
+                    g.write_to(&mut self.bufs[c][region.clone()])?;
+                    written.push(region);
                 }
+                // Added to a gradient written before (the same parameter again).
+                Some((_, written)) if written.iter().any(within) => g.add_to(&mut self.bufs[c][region])?,
+                // Partly over unwritten elements: they are zeroed first.
+                Some(_) => {
+                    self.settle(fresh);
+                    g.add_to(&mut self.bufs[c][region])?;
+                }
+                None => g.add_to(&mut self.bufs[c][region])?,
             }
         }
         Ok(())
     }
 
-    /// Elements `offset .. offset + len` as one slice, when they lie in one chunk (a vacant
-    /// chunk is allocated, zeroed).
-    fn slice_mut(&mut self, offset: usize, len: usize) -> Option<&mut [f32]> {
+    /// Zeroes what no gradient wrote of the chunks in `fresh` (their regions are disjoint),
+    /// and forgets them.
+    fn settle(&mut self, fresh: &mut Fresh) {
+        for (c, mut written) in fresh.drain(..) {
+            written.sort_by_key(|r| r.start);
+            let buf = &mut self.bufs[c];
+            let mut at = 0;
+            for r in written {
+                buf[at..r.start].fill(0.0);
+                at = r.end;
+            }
+            buf[at..].fill(0.0);
+        }
+    }
+
+    /// The chunk holding elements `offset .. offset + len` whole, and where they start in it.
+    fn locate(&self, offset: usize, len: usize) -> Option<(usize, usize)> {
         if offset + len > self.len() {
             return None;
         }
         let i = self.starts.partition_point(|&s| s <= offset).checked_sub(1)?;
         let at = offset - self.starts[i];
-        if at + len > self.range(i).len() {
-            return None;
-        }
-        self.fill_vacant(i);
-        Some(&mut self.bufs[i][at..at + len])
+        (at + len <= self.range(i).len()).then_some((i, at))
     }
 
-    /// Allocates chunk `i`, zeroed, if it is vacant (reusing a spare buffer of its length).
-    fn fill_vacant(&mut self, i: usize) {
+    /// Allocates chunk `i` if it is vacant, reusing a spare buffer of its length (zeroed if
+    /// `zero`, else as it is: the caller writes every element before anyone reads it) or a
+    /// fresh zeroed one.
+    fn fill_vacant(&mut self, i: usize, zero: bool) {
         if self.bufs[i].is_empty() {
             let len = self.range(i).len();
             self.bufs[i] = match self.spare.iter().position(|b| b.len() == len) {
                 Some(k) => {
                     let mut b = self.spare.swap_remove(k);
-                    b.fill(0.0);
+                    if zero {
+                        b.fill(0.0);
+                    }
                     b
                 }
                 None => vec![0.0; len],
@@ -211,7 +265,54 @@ impl Chunks {
 
 #[cfg(test)]
 mod tests {
+    use candle_core::{Device, Tensor, Var};
+
     use super::*;
+    use crate::params::Param;
+
+    fn grad(values: &[f32]) -> Grad {
+        Grad::Tensor(Tensor::from_slice(values, values.len(), &Device::Cpu).unwrap())
+    }
+
+    /// Gradients stored into vacant chunks whose spare buffers hold garbage give what
+    /// zeroed chunks give: each region's first gradient written over, a second one added,
+    /// what no gradient covers zero; a chunk nothing reached stays vacant.
+    #[test]
+    fn gradients_into_vacant_chunks_equal_gradients_into_zeroed_ones() {
+        let p = |name: &str, n: usize| {
+            Param::new(name, Var::zeros(n, candle_core::DType::F32, &Device::Cpu).unwrap())
+        };
+        let (a, b, c) = (p("a", 6), p("b", 4), p("c", 5));
+        let set = ParamSet::new(&[&[a, b], &[c]]).unwrap();
+        let ga: Vec<f32> = (0..6).map(|i| i as f32 + 0.5).collect();
+        let gb = [1.0, -2.0, 3.0, -4.0];
+        let rounds: [Vec<(usize, Grad)>; 3] = [
+            vec![(0, grad(&ga))],
+            vec![(1, grad(&gb)), (0, grad(&ga)), (1, grad(&gb))],
+            vec![(2, grad(&[1.0; 5]))],
+        ];
+        let mut zeroed = Chunks::new(&[10, 5]);
+        let mut vacant = Chunks::vacant(&[10, 5]);
+        vacant.recycle(vec![f32::NAN; 10]);
+        vacant.recycle(vec![f32::NAN; 5]);
+        for (k, round) in rounds.iter().enumerate() {
+            zeroed.add_grads(&set, round).unwrap();
+            vacant.add_grads(&set, round).unwrap();
+            assert_eq!(vacant.chunk(0), zeroed.chunk(0), "round {k}");
+            if k < 2 {
+                assert!(vacant.chunk(1).is_empty(), "round {k}: a chunk nothing reached was filled");
+            }
+        }
+        assert_eq!(vacant.chunk(1), zeroed.chunk(1));
+        let want: Vec<f32> = ga.iter().map(|g| 2.0 * g).chain(gb.iter().map(|g| 2.0 * g)).collect();
+        assert_eq!(zeroed.chunk(0), want.as_slice());
+        // Only the region a gradient reached was written; the rest is zero, not garbage.
+        let mut part = Chunks::vacant(&[10, 5]);
+        part.recycle(vec![f32::NAN; 10]);
+        part.add_grads(&set, &[(1, grad(&gb))]).unwrap();
+        assert_eq!(&part.chunk(0)[..6], &[0.0; 6]);
+        assert_eq!(&part.chunk(0)[6..], &gb);
+    }
 
     #[test]
     fn add_spans_chunks() {

@@ -1,14 +1,14 @@
-//! [`Grad`]: a parameter's gradient as a backward hands it over, and the product kernel
-//! that adds a weight's gradient straight into a gradient buffer.
+//! [`Grad`]: a parameter's gradient as a backward hands it over, stored straight into a
+//! gradient buffer: added, or written over what the buffer held.
 
 use candle_core::{CpuStorage, Layout, Tensor};
 
 use crate::product::{Matrix, Output, product_into};
 
 /// A parameter's gradient as a backward hands it over: computed, or the product of a
-/// linear layer's weight, `gyᵀ·x`, left to whoever stores it, which adds it straight into
-/// its gradient buffer ([`Grad::add_to`]: no tensor of its own, no zero fill, no separate
-/// add).
+/// linear layer's weight, `gyᵀ·x`, left to whoever stores it, which computes it straight
+/// into its gradient buffer ([`Grad::add_to`], [`Grad::write_to`]: no tensor of its own, no
+/// separate add).
 #[derive(Clone, Debug)]
 pub enum Grad {
     /// The gradient.
@@ -34,6 +34,16 @@ impl Grad {
 
     /// Adds the gradient to `dst`, its row-major elements.
     pub fn add_to(&self, dst: &mut [f32]) -> candle_core::Result<()> {
+        self.store(dst, Output::Add)
+    }
+
+    /// Writes the gradient over `dst`, its row-major elements (what `dst` held is never
+    /// read).
+    pub fn write_to(&self, dst: &mut [f32]) -> candle_core::Result<()> {
+        self.store(dst, Output::Overwrite)
+    }
+
+    fn store(&self, dst: &mut [f32], how: Output) -> candle_core::Result<()> {
         match self {
             Grad::Tensor(t) => {
                 let t = t.contiguous()?;
@@ -43,9 +53,12 @@ impl Grad {
                 };
                 let v = values(s, layout)?;
                 if v.len() != dst.len() {
-                    candle_core::bail!("a gradient of {} elements added to {}", v.len(), dst.len());
+                    candle_core::bail!("a gradient of {} elements stored in {}", v.len(), dst.len());
                 }
-                dst.iter_mut().zip(v).for_each(|(d, &g)| *d += g);
+                match how {
+                    Output::Add => dst.iter_mut().zip(v).for_each(|(d, &g)| *d += g),
+                    Output::Overwrite => dst.copy_from_slice(v),
+                }
                 Ok(())
             }
             Grad::Product { gy, x } => {
@@ -57,23 +70,11 @@ impl Grad {
                 };
                 let (n, m) = gy.dims2()?;
                 let k = x.dim(1)?;
-                accumulate_product(dst, values(gs, gl)?, values(xs, xl)?, n, m, k)
+                let (gy, x) = (values(gs, gl)?, values(xs, xl)?);
+                product_into(dst, Matrix::new(gy, n, m).t(), Matrix::new(x, n, k), how)
             }
         }
     }
-}
-
-/// `dst += gyᵀ·x` for `gy` `[n, m]`, `x` `[n, k]` and `dst` `[m, k]`, all row-major: the
-/// product's kernel reads `dst` and adds to it in place.
-pub fn accumulate_product(
-    dst: &mut [f32],
-    gy: &[f32],
-    x: &[f32],
-    n: usize,
-    m: usize,
-    k: usize,
-) -> candle_core::Result<()> {
-    product_into(dst, Matrix::new(gy, n, m).t(), Matrix::new(x, n, k), Output::Add)
 }
 
 /// `x` `[.., inputs]` as rows `[rows, inputs]`.
@@ -136,8 +137,17 @@ mod tests {
                 assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "tensor: {a} against {b}");
             }
         }
+        // Written over a buffer holding anything: the product alone, either form.
+        for g in [grad.clone(), Grad::Tensor(grad.tensor().unwrap())] {
+            let mut over = vec![f32::NAN; m * k];
+            g.write_to(&mut over).unwrap();
+            for ((a, b), was) in over.iter().zip(&naive).zip(&before) {
+                let want = b - was;
+                assert!((a - want).abs() <= 1e-4 * want.abs().max(1.0), "written: {a} against {want}");
+            }
+        }
         // A buffer of the wrong size is refused, not written past.
         assert!(grad.add_to(&mut vec![0.0; m * k - 1]).is_err());
-        assert!(accumulate_product(&mut [0.0; 4], &gy, &x, n, m, k).is_err());
+        assert!(grad.write_to(&mut vec![0.0; m * k + 1]).is_err());
     }
 }
