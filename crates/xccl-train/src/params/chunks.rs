@@ -120,7 +120,8 @@ impl Chunks {
         Ok(())
     }
 
-    /// A copy of the elements in `range`, across chunk boundaries.
+    /// A copy of the elements in `range`, across chunk boundaries; an error if part of it lies
+    /// in a chunk taken out or vacant.
     pub fn get(&self, range: Range<usize>) -> Result<Vec<f32>> {
         if range.end > self.len() {
             return Err(Error::internal(format!("elements {range:?} are beyond {}", self.len())));
@@ -129,7 +130,10 @@ impl Chunks {
         for (r, chunk) in self.iter() {
             let (from, to) = (range.start.max(r.start), range.end.min(r.end));
             if from < to {
-                out.extend_from_slice(&chunk[from - r.start..to - r.start]);
+                let values = chunk.get(from - r.start..to - r.start).ok_or_else(|| {
+                    Error::internal(format!("elements {range:?} lie in a chunk taken out or never filled"))
+                })?;
+                out.extend_from_slice(values);
             }
         }
         Ok(out)
@@ -323,6 +327,7 @@ mod tests {
         assert_eq!(c.chunk(2), &[2.0, 3.0, 0.0]);
         assert!(c.add(4, &[1.0, 1.0]).is_err());
         let b = c.take(2);
+        assert!(c.get(1..4).is_err(), "a taken chunk read");
         assert!(c.put(2, vec![0.0]).is_err());
         c.put(2, b).unwrap();
         assert_eq!(c.range(2), 2..5);
