@@ -216,7 +216,9 @@ pub(crate) fn step_in_place(set: &ParamSet, optimizer: &mut Optimizer, grads: &C
     optimizer.begin_step();
     for (range, g) in grads.iter() {
         set.update_range(range.clone(), |at, p| {
-            let g = &g[at - range.start..at - range.start + p.len()];
+            let g = g.get(at - range.start..at - range.start + p.len()).ok_or_else(|| {
+                Error::internal(format!("no gradient for elements {at}.. ({range:?} holds {})", g.len()))
+            })?;
             optimizer.update(at, p, g)
         })?;
     }
