@@ -316,6 +316,12 @@ mod tests {
         part.add_grads(&set, &[(1, grad(&gb))]).unwrap();
         assert_eq!(&part.chunk(0)[..6], &[0.0; 6]);
         assert_eq!(&part.chunk(0)[6..], &gb);
+        // The same parameter twice in the call that fills a vacant chunk: written, then added.
+        let mut twice = Chunks::vacant(&[10, 5]);
+        twice.recycle(vec![f32::NAN; 10]);
+        twice.add_grads(&set, &[(1, grad(&gb)), (1, grad(&gb)), (0, grad(&ga))]).unwrap();
+        let want: Vec<f32> = ga.iter().copied().chain(gb.iter().map(|g| 2.0 * g)).collect();
+        assert_eq!(twice.chunk(0), want.as_slice());
     }
 
     #[test]
