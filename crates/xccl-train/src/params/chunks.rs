@@ -6,17 +6,34 @@ use super::Grad;
 use super::ParamSet;
 use crate::error::{Error, Result};
 
-/// Chunks found vacant by one [`Chunks::add_grads`], each with the regions written so far.
+/// Chunks found zero by one [`Chunks::add_grads`], each with the regions written so far.
 type Fresh = Vec<(usize, Vec<Range<usize>>)>;
+
+/// What a chunk holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Its buffer holds its values.
+    Values,
+    /// Every element is zero; its buffer, if any, holds whatever it held before (no zero
+    /// fill until something reads or adds to it).
+    Zero,
+    /// Taken out ([`Chunks::take`]) and not put back.
+    Taken,
+}
 
 /// A flat `f32` vector kept as consecutive chunks, each its own `Vec`, so that one chunk
 /// (a DDP bucket, a parameter-server shard) can be handed to an asynchronous collective and
 /// come back without a copy.
+///
+/// Zeroing is lazy: [`zero`](Chunks::zero) only marks the chunks, and the first gradients
+/// stored into a zero chunk are written over its buffer ([`add_grads`](Chunks::add_grads)),
+/// so a training step does not fill its gradient buffers with zeros first.
 #[derive(Clone, Debug)]
 pub struct Chunks {
     /// Chunk `i` covers `starts[i]..starts[i + 1]`.
     starts: Vec<usize>,
     bufs: Vec<Vec<f32>>,
+    held: Vec<Held>,
     /// Buffers given back ([`recycle`](Self::recycle)), reused when a vacant chunk of their
     /// length is first written: a fresh one costs a page fault per page.
     spare: Vec<Vec<f32>>,
@@ -29,7 +46,8 @@ impl Chunks {
         for &l in lens {
             starts.push(starts[starts.len() - 1] + l);
         }
-        Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect(), spare: Vec::new() }
+        let held = vec![Held::Values; lens.len()];
+        Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect(), held, spare: Vec::new() }
     }
 
     /// Chunks of the given lengths that hold nothing yet: each is allocated, zeroed, when
@@ -37,15 +55,21 @@ impl Chunks {
     /// 2 and 3 keep a block's full gradient only until it is reduce-scattered).
     pub fn vacant(lens: &[usize]) -> Chunks {
         let mut c = Chunks::new(lens);
-        for b in &mut c.bufs {
+        for (b, h) in c.bufs.iter_mut().zip(&mut c.held) {
             *b = Vec::new();
+            *h = Held::Zero;
         }
         c
     }
 
     /// One chunk holding `values`.
     pub fn from_vec(values: Vec<f32>) -> Chunks {
-        Chunks { starts: vec![0, values.len()], bufs: vec![values], spare: Vec::new() }
+        Chunks {
+            starts: vec![0, values.len()],
+            bufs: vec![values],
+            held: vec![Held::Values],
+            spare: Vec::new(),
+        }
     }
 
     /// Number of chunks.
@@ -68,20 +92,29 @@ impl Chunks {
         self.starts[i]..self.starts[i + 1]
     }
 
-    /// Chunk `i`.
+    /// Chunk `i`: empty while it is [taken](Self::take) or zero since [`zero`](Self::zero)
+    /// or [`vacant`](Self::vacant) with nothing added (readers that need its elements take
+    /// it, or [`get`](Self::get) them).
     pub fn chunk(&self, i: usize) -> &[f32] {
-        &self.bufs[i]
+        match self.held[i] {
+            Held::Values => &self.bufs[i],
+            Held::Zero | Held::Taken => &[],
+        }
     }
 
-    /// Chunk `i`, to change in place (empty while [taken](Self::take) or vacant).
+    /// Chunk `i`, to change in place (a zero chunk is filled with zeros first; empty while
+    /// taken).
     pub fn chunk_mut(&mut self, i: usize) -> &mut [f32] {
+        self.fill(i, true);
         &mut self.bufs[i]
     }
 
-    /// Sets every element to zero.
+    /// Sets every element to zero, lazily: the chunks are marked, their buffers kept.
     pub fn zero(&mut self) {
-        for b in &mut self.bufs {
-            b.fill(0.0);
+        for h in &mut self.held {
+            if *h == Held::Values {
+                *h = Held::Zero;
+            }
         }
     }
 
@@ -109,8 +142,11 @@ impl Chunks {
         while !rest.is_empty() {
             let i = self.starts.partition_point(|&s| s <= pos) - 1;
             let at = pos - self.starts[i];
-            self.fill_vacant(i, true);
-            let n = rest.len().min(self.bufs[i].len() - at);
+            self.fill(i, true);
+            let n = rest.len().min(self.bufs[i].len().saturating_sub(at));
+            if n == 0 {
+                return Err(Error::internal(format!("chunk {i} is taken out: nothing can be stored in it")));
+            }
             for (d, s) in self.bufs[i][at..at + n].iter_mut().zip(&rest[..n]) {
                 f(d, *s);
             }
@@ -121,19 +157,24 @@ impl Chunks {
     }
 
     /// A copy of the elements in `range`, across chunk boundaries; an error if part of it lies
-    /// in a chunk taken out or vacant.
+    /// in a chunk taken out.
     pub fn get(&self, range: Range<usize>) -> Result<Vec<f32>> {
         if range.end > self.len() {
             return Err(Error::internal(format!("elements {range:?} are beyond {}", self.len())));
         }
         let mut out = Vec::with_capacity(range.len());
-        for (r, chunk) in self.iter() {
+        for i in 0..self.count() {
+            let r = self.range(i);
             let (from, to) = (range.start.max(r.start), range.end.min(r.end));
-            if from < to {
-                let values = chunk.get(from - r.start..to - r.start).ok_or_else(|| {
-                    Error::internal(format!("elements {range:?} lie in a chunk taken out or never filled"))
-                })?;
-                out.extend_from_slice(values);
+            if from >= to {
+                continue;
+            }
+            match self.held[i] {
+                Held::Values => out.extend_from_slice(&self.bufs[i][from - r.start..to - r.start]),
+                Held::Zero => out.resize(out.len() + (to - from), 0.0),
+                Held::Taken => {
+                    return Err(Error::internal(format!("elements {range:?} lie in chunk {i}, taken out")));
+                }
             }
         }
         Ok(out)
@@ -168,9 +209,15 @@ impl Chunks {
                 continue;
             };
             let region = at..at + len;
-            if self.bufs[c].is_empty() && !self.range(c).is_empty() {
-                self.fill_vacant(c, false);
-                fresh.push((c, Vec::new()));
+            match self.held[c] {
+                Held::Zero => {
+                    self.fill(c, false);
+                    fresh.push((c, Vec::new()));
+                }
+                Held::Taken => {
+                    return Err(Error::internal(format!("a gradient for chunk {c}, which is taken out")));
+                }
+                Held::Values => {}
             }
             let disjoint = |r: &Range<usize>| r.end <= region.start || region.end <= r.start;
             let within = |r: &Range<usize>| r.start <= region.start && region.end <= r.end;
@@ -218,27 +265,40 @@ impl Chunks {
         (at + len <= self.range(i).len()).then_some((i, at))
     }
 
-    /// Allocates chunk `i` if it is vacant, reusing a spare buffer of its length (zeroed if
-    /// `zero`, else as it is: the caller writes every element before anyone reads it) or a
-    /// fresh zeroed one.
-    fn fill_vacant(&mut self, i: usize, zero: bool) {
-        if self.bufs[i].is_empty() {
-            let len = self.range(i).len();
+    /// Makes a zero chunk `i` hold values: its buffer, else a spare one of its length, else
+    /// a fresh zeroed one, filled with zeros if `zero` (else left as it is: the caller
+    /// writes every element before anyone reads it).
+    fn fill(&mut self, i: usize, zero: bool) {
+        if self.held[i] != Held::Zero {
+            return;
+        }
+        let len = self.range(i).len();
+        if self.bufs[i].len() != len {
             self.bufs[i] = match self.spare.iter().position(|b| b.len() == len) {
-                Some(k) => {
-                    let mut b = self.spare.swap_remove(k);
-                    if zero {
-                        b.fill(0.0);
-                    }
-                    b
-                }
+                Some(k) => self.spare.swap_remove(k),
                 None => vec![0.0; len],
             };
         }
+        if zero {
+            self.bufs[i].fill(0.0);
+        }
+        self.held[i] = Held::Values;
     }
 
-    /// Takes chunk `i` out (to hand it to a collective), leaving it empty.
+    /// Takes chunk `i` out (to hand it to a collective; a zero chunk is filled with zeros
+    /// first), leaving it empty.
     pub fn take(&mut self, i: usize) -> Vec<f32> {
+        self.fill(i, true);
+        self.held[i] = Held::Taken;
+        std::mem::take(&mut self.bufs[i])
+    }
+
+    /// Takes chunk `i` out for good (a zero chunk is filled with zeros first): the chunk is
+    /// zero again at once, and the next gradient stored into it starts a new buffer (a spare
+    /// one when the taken buffer comes back through [`recycle`](Self::recycle)).
+    pub fn take_for_good(&mut self, i: usize) -> Vec<f32> {
+        self.fill(i, true);
+        self.held[i] = Held::Zero;
         std::mem::take(&mut self.bufs[i])
     }
 
@@ -258,12 +318,13 @@ impl Chunks {
             )));
         }
         self.bufs[i] = buf;
+        self.held[i] = Held::Values;
         Ok(())
     }
 
-    /// The chunks, with the flat range each covers.
+    /// The chunks, with the flat range each covers ([`chunk`](Self::chunk) of each).
     pub fn iter(&self) -> impl Iterator<Item = (Range<usize>, &[f32])> {
-        (0..self.count()).map(|i| (self.range(i), self.bufs[i].as_slice()))
+        (0..self.count()).map(|i| (self.range(i), self.chunk(i)))
     }
 }
 
@@ -276,6 +337,36 @@ mod tests {
 
     fn grad(values: &[f32]) -> Grad {
         Grad::Tensor(Tensor::from_slice(values, values.len(), &Device::Cpu).unwrap())
+    }
+
+    /// After `zero`, chunks read as zeros whatever their buffers held, the first gradient
+    /// of a region is written over the old values and what none reached is zero, a chunk
+    /// taken out is zeros, and a chunk taken out cannot be read or written.
+    #[test]
+    fn zeroing_is_lazy_and_never_shows_old_values() {
+        let p = |name: &str, n: usize| {
+            Param::new(name, Var::zeros(n, candle_core::DType::F32, &Device::Cpu).unwrap())
+        };
+        let set = ParamSet::new(&[&[p("a", 6), p("b", 4)], &[p("c", 5)]]).unwrap();
+        let gb = [1.0, -2.0, 3.0, -4.0];
+        let mut c = Chunks::new(&[10, 5]);
+        c.set(0, &[7.0; 15]).unwrap();
+        c.zero();
+        assert_eq!(c.get(0..15).unwrap(), vec![0.0; 15]);
+        assert!(c.iter().all(|(_, values)| values.is_empty()), "a zero chunk shows its old buffer");
+        c.add_grads(&set, &[(1, grad(&gb))]).unwrap();
+        assert_eq!(&c.chunk(0)[..6], &[0.0; 6], "old values under a parameter no gradient reached");
+        assert_eq!(&c.chunk(0)[6..], &gb);
+        let taken = c.take(1);
+        assert_eq!(taken, vec![0.0; 5]);
+        assert!(c.get(9..11).is_err(), "a taken chunk read");
+        assert!(c.add(10, &[1.0]).is_err(), "a taken chunk written");
+        assert!(c.add_grads(&set, &[(2, grad(&[1.0; 5]))]).is_err(), "a gradient into a taken chunk");
+        c.put(1, taken).unwrap();
+        c.add(10, &[1.0]).unwrap();
+        assert_eq!(c.chunk(1), &[1.0, 0.0, 0.0, 0.0, 0.0]);
+        c.zero();
+        assert_eq!(c.chunk_mut(1), &mut [0.0; 5], "a zero chunk changed in place is zeros");
     }
 
     /// Gradients stored into vacant chunks whose spare buffers hold garbage give what

@@ -78,8 +78,8 @@ impl Reducer {
 
     fn launch(&mut self, layout: &ShardLayout, u: usize, grads: &mut Chunks) -> Result<()> {
         let counts = &layout.units()[u].counts;
-        let full = grads.take(u);
-        let full = if full.is_empty() { vec![0.0; grads.range(u).len()] } else { full };
+        // Stages 2 and 3 drop the full gradient once reduced: the chunk is vacant again.
+        let full = if self.keep_full { grads.take(u) } else { grads.take_for_good(u) };
         let n = counts[layout.rank()];
         let out = match self.spare.iter().position(|b| b.len() == n) {
             Some(i) => self.spare.swap_remove(i),
