@@ -40,7 +40,7 @@ pub struct Chunks {
 }
 
 impl Chunks {
-    /// Zeroed chunks of the given lengths, in order.
+    /// Chunks of the given lengths, in order, holding zeros.
     pub fn new(lens: &[usize]) -> Chunks {
         let mut starts = vec![0];
         for &l in lens {
@@ -50,9 +50,10 @@ impl Chunks {
         Chunks { starts, bufs: lens.iter().map(|&l| vec![0.0; l]).collect(), held, spare: Vec::new() }
     }
 
-    /// Chunks of the given lengths that hold nothing yet: each is allocated, zeroed, when
-    /// something is first added to it, and may be [taken](Self::take) for good (ZeRO stages
-    /// 2 and 3 keep a block's full gradient only until it is reduce-scattered).
+    /// Zero chunks of the given lengths with no buffer yet: each gets one (a spare one if
+    /// any) when something is first stored into it, and may be
+    /// [taken for good](Self::take_for_good) (ZeRO stages 2 and 3 keep a block's full
+    /// gradient only until it is reduce-scattered).
     pub fn vacant(lens: &[usize]) -> Chunks {
         let mut c = Chunks::new(lens);
         for (b, h) in c.bufs.iter_mut().zip(&mut c.held) {
