@@ -185,8 +185,9 @@ impl Chunks {
     /// from the gradient's storage, and a weight's product computed into the chunk
     /// ([`Grad::add_to`]), when the slot lies in one chunk.
     ///
-    /// A chunk this call finds vacant is not zero-filled first: a spare buffer is taken as
-    /// it is, the first gradient of each region is written over it ([`Grad::write_to`]),
+    /// A chunk this call finds zero (vacant, or marked by [`zero`](Self::zero)) is not
+    /// zero-filled first: its old buffer or a spare one is taken as it is, the first
+    /// gradient of each region is written over it ([`Grad::write_to`]),
     /// and what no gradient covers is zeroed once they all are in (also when one fails), so
     /// that every chunk holds only sums of gradients when this returns.
     pub fn add_grads(&mut self, set: &ParamSet, grads: &[(usize, Grad)]) -> Result<()> {
@@ -196,7 +197,7 @@ impl Chunks {
         stored
     }
 
-    /// [`add_grads`](Self::add_grads)' loop; `fresh` collects the chunks it found vacant,
+    /// [`add_grads`](Self::add_grads)' loop; `fresh` collects the chunks it found zero,
     /// each with the regions (in the chunk) written so far.
     fn store_grads(&mut self, set: &ParamSet, grads: &[(usize, Grad)], fresh: &mut Fresh) -> Result<()> {
         for (i, g) in grads {
