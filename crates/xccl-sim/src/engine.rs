@@ -463,8 +463,13 @@ impl<'a> Sim<'a> {
                 if missing > 1e-9 * SEGMENT {
                     let rate = self.fluid.rate(flow);
                     let wait = if rate > 0.0 { missing / rate } else { missing / m.bottleneck.max(1e-30) };
-                    self.at(self.now + wait, Ev::Probe { msg });
-                    return;
+                    // On a link so fast that the rest of the segment takes less than the
+                    // clock can tell at this time, it has arrived: probing again at the
+                    // same instant would never let time move.
+                    if self.now + wait > self.now {
+                        self.at(self.now + wait, Ev::Probe { msg });
+                        return;
+                    }
                 }
                 let t = self.now + m.lat;
                 self.msgs[msg].first_segment = Some(t);

@@ -208,3 +208,28 @@ fn rabenseifner_on_two_hosts_of_two_ranks_sends_the_buffer_once_each_way_between
         t(Algorithm::Ring)
     );
 }
+
+#[test]
+fn a_host_memory_faster_than_the_clock_can_tell_still_finishes() {
+    // A fitted tuning file once put shared memory at 3.1·10²¹ B/s (a constant its records
+    // could not pin down): a segment's last bytes then took less than the clock can tell at
+    // the time of day, and the probe for it was put back at the same instant forever. Every
+    // all-reduce algorithm, 2 hosts × 2 ranks, must finish, and no faster than its link
+    // between hosts allows.
+    let mut costs = model(90e-6);
+    costs.shm = LinkCost { alpha: 67.8e-6, beta: 1.0 / 3.1e21, gamma: 1.0 / 0.19e9, delta: 1.0 / 14e9 };
+    let bw = 0.25e9;
+    let (done, got) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let topo = Topology::star(2, bw, 0.0);
+        let rows = sweep(&topo, &costs, &[0, 0, 1, 1], CollKind::AllReduce, None, &[1024, 1 << 20, 64 << 20]);
+        let _ = done.send(rows);
+    });
+    let rows = got.recv_timeout(std::time::Duration::from_secs(120)).expect("the simulations finish");
+    for row in rows {
+        let out = row.outcome.unwrap_or_else(|e| panic!("{}: {e}", row.algo));
+        // At least the bytes half the buffer needs to cross one link (any algorithm moves
+        // that much between the hosts).
+        assert!(out.time >= row.bytes as f64 / 2.0 / bw, "{} at {} B: {} s", row.algo, row.bytes, out.time);
+    }
+}
