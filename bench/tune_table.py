@@ -25,7 +25,7 @@ for line in open(sys.argv[1]):
         algo, us = item.rsplit(" ", 1)
         times[algo] = float(us)
     pick = cells[5].strip("*")
-    tables[(group, coll)].append((size, times, cells[4], pick, float(cells[6])))
+    tables[(group, coll)].append((size, times, cells[4], pick, float(cells[6].split()[0])))
 
 
 def size_name(b):
