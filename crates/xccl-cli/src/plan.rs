@@ -28,7 +28,7 @@ use xccl_train::pipeline::schedule::{Kind, Schedule};
 use xccl_train::pipeline::stages::chunks_of;
 
 use crate::sim_train::measure::Profile;
-use crate::sim_train::{self, Layout, Prediction, SimTrainArgs, predict};
+use crate::sim_train::{self, Layout, Prediction, SimTrainArgs, predict_crowded};
 use crate::train::TrainArgs;
 
 /// Arguments of `xccl plan`. What it searches (`xccl train`'s mesh, schedule, micro-batch,
@@ -345,7 +345,7 @@ fn plan(args: &PlanArgs) -> Result<(), String> {
         let dp = config.dp(args.ranks).map_err(|e| e.to_string())?;
         let rows = config.batch.div_ceil(dp * config.accum).max(1);
         let key = (config.tp, config.sp, rows);
-        let (profile, slowdown) = match profiles.entry(key) {
+        let (profile, crowd) = match profiles.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 eprintln!("# measuring tp {} sp {} on micro-batches of {rows} rows", config.tp, config.sp);
@@ -354,8 +354,8 @@ fn plan(args: &PlanArgs) -> Result<(), String> {
         };
         let layout = Layout { dp, pp: config.pp(), tp: config.tp, ranks_per_host: machine.ranks_per_host };
         let net = sim_train::Net { topo: &machine.topo, costs: &machine.costs };
-        let prediction = match predict(&config, profile, layout, &net, *slowdown) {
-            Ok(p) => p,
+        let prediction = match predict_crowded(&config, profile, layout, &net, *crowd) {
+            Ok((p, _)) => p,
             Err(e) => {
                 *rejected.entry(e).or_default() += 1;
                 continue;

@@ -26,7 +26,7 @@ use xccl_train::pipeline::stages;
 
 use crate::train::TrainArgs;
 use measure::{Micro, Profile};
-pub use predict::{Net, Prediction, predict};
+pub use predict::{Net, Prediction, predict_crowded};
 
 /// Arguments of `xccl sim train`: the flags of `xccl train` for the model, mesh and
 /// strategy, and those of `xccl sim` for the network.
@@ -67,8 +67,8 @@ pub struct SimTrainArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Cores per modelled host [default: this machine's]. The measurement runs the ranks of
-    /// one host at once here; with more or fewer cores per host, compute is scaled by how much
-    /// more or less the ranks' threads crowd them.
+    /// one host at once here (a block's median run); where a host's busy threads outnumber
+    /// its cores, compute is scaled by how many times they do.
     #[arg(long)]
     pub host_cores: Option<usize>,
 }
@@ -202,13 +202,16 @@ impl SimTrainArgs {
         if let Some(path) = &self.from_trace {
             from_trace(&mut profile, path, self.trace_rank)?;
         }
-        // The measurement ran a host's ranks at once on this machine's cores; a modelled
-        // host with other cores crowds its ranks' threads more or less.
+        // The measurement ran a host's ranks at once on this machine's cores (sharing its
+        // memory), but a block's time is the median of its runs: a rank whose thread waits
+        // for a core (more busy threads than cores) waits between blocks, or stretches a few
+        // runs of one, and the median leaves that out (four 1-thread ranks on two cores
+        // measured at full speed each, and trained at half). So crowding is applied here:
+        // the modelled host's busy threads over its cores (with every rank computing:
+        // `predict_crowded` counts the ranks computing at a time).
         let host_cores = self.host_cores.unwrap_or(machine.cores) as f64;
         let busy = (rph.min(ranks) * machine.threads) as f64;
-        let there = (busy / host_cores).max(1.0);
-        let here = (busy / machine.cores as f64).max(1.0);
-        Ok((profile, if traced { 1.0 } else { there / here }))
+        Ok((profile, if traced { 1.0 } else { (busy / host_cores).max(1.0) }))
     }
 }
 
@@ -223,12 +226,12 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
     }
     let ranks = t.ranks();
     let machine = args.machine(ranks)?;
-    let (profile, slowdown) = args.profile(&machine, &config, ranks, task.seq_len())?;
+    let (profile, crowd) = args.profile(&machine, &config, ranks, task.seq_len())?;
     let dp = config.dp(ranks).map_err(|e| e.to_string())?;
     let rph = machine.ranks_per_host;
     let layout = Layout { dp, pp: config.pp(), tp: config.tp, ranks_per_host: rph };
     let net = predict::Net { topo: &machine.topo, costs: &machine.costs };
-    let p = predict(&config, &profile, layout, &net, slowdown)?;
+    let (p, slowdown) = predict_crowded(&config, &profile, layout, &net, crowd)?;
     let micro_rows = config.batch.div_ceil(dp * config.accum).max(1);
     println!(
         "# xccl sim train: {} on {} ({} hosts x {rph} ranks), mesh dp {dp} x pp {} x tp {}{}, {}, {} micro-batch(es) of {} rows",
@@ -245,7 +248,10 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
     if let Some(pc) = &config.pipeline {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);
     }
-    println!("# compute: {}; x{slowdown:.2} for ranks sharing a host's cores", profile.source);
+    println!(
+        "# compute: {}; x{slowdown:.2} for ranks sharing a host's cores ({crowd:.2} busy threads a core with every rank computing)",
+        profile.source
+    );
     println!(
         "# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd)",
         "block", "fwd(us)", "bwd(us)", "params", "out elems"

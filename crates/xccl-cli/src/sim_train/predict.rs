@@ -173,6 +173,33 @@ struct Lane {
     comm_free: f64,
 }
 
+/// [`predict`] on hosts whose busy threads may outnumber their cores: `crowd` is how many
+/// times they do with every rank computing (1 where they do not). A rank that waits, for a
+/// pipeline message or a collective, sleeps and leaves its core to the others, so the
+/// threads that share the cores are the ranks computing at the time: block compute is
+/// slowed by the factor `s` that solves `s = max(1, crowd · compute(s) / step(s))` (the part
+/// of the step a rank computes, at that slowdown), found by iterating from `s = crowd`
+/// (each step of which moves `s` down towards the solution). Returns the prediction and `s`.
+pub fn predict_crowded(
+    config: &TrainConfig,
+    profile: &Profile,
+    layout: Layout,
+    net: &Net,
+    crowd: f64,
+) -> Result<(Prediction, f64), String> {
+    let mut s = crowd.max(1.0);
+    let mut p = predict(config, profile, layout, net, s)?;
+    for _ in 0..50 {
+        let next = if p.step > 0.0 { (crowd * p.compute / p.step).max(1.0) } else { 1.0 };
+        if (next - s).abs() <= 1e-4 * s {
+            break;
+        }
+        s = next;
+        p = predict(config, profile, layout, net, s)?;
+    }
+    Ok((p, s))
+}
+
 /// Predicts one step of `config` with blocks timed by `profile` (compute scaled by
 /// `slowdown`), ranks placed by `layout`, collectives simulated on `net`.
 pub fn predict(

@@ -229,3 +229,45 @@ fn zero_three_copies_each_gathered_block_into_its_parameters_on_the_compute_thre
         assert_eq!(step(&f, &prof).step, step(&f, &free_copy).step, "stage {stage}");
     }
 }
+
+/// With free messages a GPipe stage computes m of its m + p − 1 slots whatever the slowdown,
+/// so on crowded hosts the ranks computing at a time crowd the cores `crowd · m / (m + p − 1)`
+/// times (never below 1): the slowdown and the step in closed form.
+#[test]
+fn crowded_cores_slow_compute_by_the_ranks_computing_at_a_time() {
+    let (topo, costs) = free();
+    let net = Net { topo: &topo, costs: &costs };
+    let (p, layers) = (2, 4);
+    let per = (layers + 2) / p;
+    let balance = vec![per.to_string(); p].join(",");
+    for (m, crowd) in [(4usize, 2.0f64), (4, 1.0), (1, 2.0), (8, 3.0)] {
+        let ms = m.to_string();
+        let cfg = config(&[
+            "--layers",
+            "4",
+            "--dp",
+            "1",
+            "--pp",
+            "2",
+            "--micro-batches",
+            &ms,
+            "--batch",
+            &ms,
+            "--schedule",
+            "gpipe",
+            "--pp-balance",
+            &balance,
+        ]);
+        let prof = profile(layers + 2, 1e-3, 2e-3, 100);
+        let layout = Layout { dp: 1, pp: p, tp: 1, ranks_per_host: 1 };
+        let (pred, s) = predict_crowded(&cfg, &prof, layout, &net, crowd).unwrap();
+        let want = (crowd * m as f64 / (m + p - 1) as f64).max(1.0);
+        assert!(close(s, want, 1e-3), "m={m} crowd={crowd}: slowdown {s}, closed form {want}");
+        let stage = per as f64 * 3e-3;
+        assert!(
+            close(pred.step, (m + p - 1) as f64 * stage * want, 1e-3),
+            "m={m} crowd={crowd}: {}",
+            pred.step
+        );
+    }
+}
