@@ -206,7 +206,8 @@ impl SimTrainArgs {
         // memory), but a block's time is the median of its runs: a rank whose thread waits
         // for a core (more busy threads than cores) waits between blocks, or stretches a few
         // runs of one, and the median leaves that out (four 1-thread ranks on two cores
-        // measured at full speed each, and trained at half). So crowding is applied here:
+        // measured at full speed each, and were predicted at 0.52 of their step). So
+        // crowding is applied here:
         // the modelled host's busy threads over its cores (with every rank computing:
         // `predict_crowded` counts the ranks computing at a time).
         let host_cores = self.host_cores.unwrap_or(machine.cores) as f64;
