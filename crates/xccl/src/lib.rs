@@ -60,6 +60,7 @@ pub mod capi;
 mod coll;
 mod comm;
 mod config;
+mod copy;
 mod dtype;
 mod error;
 mod exec;

@@ -287,7 +287,7 @@ pub(crate) fn combine_into_uncached_keeping(
     {
         by_tiles(dst.len(), |r, t| {
             combine_into(dtype, op, t, &a[r.clone()], &b[r.clone()])?;
-            b[r.clone()].copy_from_slice(t);
+            crate::copy::copy(&mut b[r.clone()], t);
             stream_copy(&mut dst[r], t);
             Ok(())
         })
@@ -295,7 +295,7 @@ pub(crate) fn combine_into_uncached_keeping(
     #[cfg(not(target_arch = "x86_64"))]
     {
         combine_into(dtype, op, dst, a, b)?;
-        b.copy_from_slice(dst);
+        crate::copy::copy(b, dst);
         Ok(())
     }
 }

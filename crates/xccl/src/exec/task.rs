@@ -460,7 +460,7 @@ impl<'a> StepRun<'a> {
             if lim > t.done {
                 // SAFETY: both ranges lie in the operation's buffers, do not overlap (checked
                 // in `StepRun::push`), and the ordering rule keeps other views away from them.
-                unsafe { t.span.bytes_mut(t.done, lim).copy_from_slice(src.bytes(t.done, lim)) };
+                unsafe { crate::copy::copy(t.span.bytes_mut(t.done, lim), src.bytes(t.done, lim)) };
                 t.done = lim;
                 t.complete = t.done == t.span.len;
                 progress = true;

@@ -7,6 +7,8 @@
 
 use std::io;
 
+use crate::copy::{self, PAGE, SHORT_MIN, short_distance};
+
 /// Where a receiver can read a sender's memory.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Pull {
@@ -30,7 +32,7 @@ pub(crate) unsafe fn copy(from: Pull, addr: u64, dst: &mut [u8]) -> io::Result<(
         Pull::Local => {
             // SAFETY: forwarded to the caller; the ranges cannot overlap since `dst` is a
             // unique borrow.
-            unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
+            unsafe { copy::copy_raw(dst.as_mut_ptr(), addr as usize as *const u8, dst.len()) };
             Ok(())
         }
         Pull::Process(pid) => cross(pid, dst.as_mut_ptr(), dst.len(), addr, Direction::Read),
@@ -48,7 +50,7 @@ pub(crate) unsafe fn write(to: Pull, addr: u64, src: &[u8]) -> io::Result<()> {
     match to {
         Pull::Local => {
             // SAFETY: forwarded to the caller.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as usize as *mut u8, src.len()) };
+            unsafe { copy::copy_raw(addr as usize as *mut u8, src.as_ptr(), src.len()) };
             Ok(())
         }
         // The kernel only reads `src` for a write.
@@ -63,9 +65,71 @@ enum Direction {
     Write,
 }
 
+/// Moves `len` bytes between `local` (this process) and `addr` of process `pid`: in one
+/// call where the kernel copies at its rate, through [`bounced`] where the destination lies
+/// a [short distance](short_distance) past the source (`rep movsb` stalls there: see
+/// [`crate::copy`]).
+fn cross(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io::Result<()> {
+    let (dst, src) = match dir {
+        Direction::Read => (local as usize, addr as usize),
+        Direction::Write => (addr as usize, local as usize),
+    };
+    if len >= SHORT_MIN && short_distance(dst, src) {
+        return bounced(pid, local, len, addr, dir);
+    }
+    cross_direct(pid, local, len, addr, dir)
+}
+
+/// Bytes moved through the bounce buffer at a time: the buffer stays in the core's L2.
+const BOUNCE_CHUNK: usize = 64 << 10;
+
+thread_local! {
+    /// The bounce buffer of [`bounced`]: a chunk plus a page, so that a chunk can start at
+    /// any offset within a page.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`cross_direct`] through a bounce buffer placed half a page past the remote address
+/// within a page, so that neither copy meets a short distance: the kernel's (between the
+/// bounce buffer and the peer, half a page) nor this process's `memcpy` (between `local` and
+/// the bounce buffer, from cache, half a page plus the short distance; glibc's `memcpy` uses
+/// `rep movsb` too and loses its rate the same way).
+fn bounced(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io::Result<()> {
+    BOUNCE.with(|cell| {
+        let mut bounce = cell.borrow_mut();
+        if bounce.len() < BOUNCE_CHUNK + PAGE {
+            bounce.resize(BOUNCE_CHUNK + PAGE, 0);
+        }
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(BOUNCE_CHUNK);
+            let there = addr.wrapping_add(done as u64);
+            let skew = (there as usize + PAGE / 2).wrapping_sub(bounce.as_ptr() as usize) % PAGE;
+            let stage = &mut bounce[skew..skew + n];
+            let here = local.wrapping_add(done);
+            match dir {
+                Direction::Read => {
+                    cross_direct(pid, stage.as_mut_ptr(), n, there, dir)?;
+                    // SAFETY: the caller's `local` holds `len` bytes, written for a read;
+                    // `stage` is this thread's own buffer, disjoint from it.
+                    unsafe { std::ptr::copy_nonoverlapping(stage.as_ptr(), here, n) };
+                }
+                Direction::Write => {
+                    // SAFETY: the caller's `local` holds `len` readable bytes; `stage` is
+                    // this thread's own buffer, disjoint from it.
+                    unsafe { std::ptr::copy_nonoverlapping(here.cast_const(), stage.as_mut_ptr(), n) };
+                    cross_direct(pid, stage.as_mut_ptr(), n, there, dir)?;
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    })
+}
+
 /// Moves `len` bytes between `local` (this process) and `addr` of process `pid`, retrying
 /// partial transfers.
-fn cross(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io::Result<()> {
+fn cross_direct(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io::Result<()> {
     let mut done = 0;
     while done < len {
         let here = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };
@@ -123,5 +187,39 @@ mod tests {
         assert_eq!(&target[8..40], &src[..32]);
         assert!(target[..8].iter().chain(&target[40..]).all(|b| *b == 0));
         assert!(!probe(me, src.as_ptr() as u64));
+    }
+
+    #[test]
+    fn bounced_cross_memory_copies_are_exact_in_both_directions() {
+        // Lengths that end inside a chunk, on its end, and past several, at short distances
+        // and at the ones either side of the band, reading and writing.
+        let me = std::process::id() as i32;
+        let total = 3 * BOUNCE_CHUNK + 1000;
+        let src: Vec<u8> = (0..total + 2 * PAGE).map(|i| (i * 7 % 251) as u8).collect();
+        for len in [SHORT_MIN, BOUNCE_CHUNK, total] {
+            for gap in [1usize, 16, 63, 64, 0] {
+                let mut dst = vec![0u8; total + 2 * PAGE];
+                let s_at = 40;
+                // The destination `gap` bytes past the source's offset within a page.
+                let d_at = (src.as_ptr() as usize + s_at + gap).wrapping_sub(dst.as_ptr() as usize) % PAGE;
+                assert_eq!(
+                    short_distance(dst[d_at..].as_ptr() as usize, src[s_at..].as_ptr() as usize),
+                    gap != 0 && gap < 64
+                );
+                // SAFETY: a process pull writes only `dst[d_at..d_at + len]`.
+                unsafe { copy(Pull::Process(me), src[s_at..].as_ptr() as u64, &mut dst[d_at..d_at + len]) }
+                    .unwrap();
+                assert!(dst[d_at..d_at + len] == src[s_at..s_at + len], "read, {len} bytes, gap {gap}");
+                assert!(dst[..d_at].iter().chain(&dst[d_at + len..]).all(|b| *b == 0));
+                let mut target = vec![0u8; total + 2 * PAGE];
+                // SAFETY: the write stays inside `target`, which nothing else touches.
+                unsafe {
+                    write(Pull::Process(me), target[d_at..].as_mut_ptr() as u64, &src[s_at..s_at + len])
+                }
+                .unwrap();
+                assert!(target[d_at..d_at + len] == src[s_at..s_at + len], "write, {len} bytes, gap {gap}");
+                assert!(target[..d_at].iter().chain(&target[d_at + len..]).all(|b| *b == 0));
+            }
+        }
     }
 }

@@ -254,7 +254,7 @@ impl RingTx {
                 // SAFETY: `at + n <= cap`, so the destination lies in the data array; these
                 // bytes are free (head - tail <= cap after this write), so the consumer does
                 // not read them until `head` is published below.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.data.add(at), n) };
+                unsafe { crate::copy::copy_raw(self.mem.data.add(at), src.as_ptr(), n) };
                 src = &src[n..];
                 pos = pos.wrapping_add(n as u64);
             }
@@ -342,7 +342,7 @@ impl RingRx {
     pub fn read(&mut self, dst: &mut [u8]) -> usize {
         let mut filled = 0;
         self.consume(dst.len(), &mut |piece| {
-            dst[filled..filled + piece.len()].copy_from_slice(piece);
+            crate::copy::copy(&mut dst[filled..filled + piece.len()], piece);
             filled += piece.len();
         })
     }
