@@ -57,38 +57,68 @@ pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { vector_copy(dst, src, n) }
 }
 
-/// Copies with 16-byte vector moves, four loads then four stores per 64 bytes: no `rep
-/// movsb`, and a loop the compiler does not turn back into a call to `memcpy` (no store
-/// moves by its own size each iteration).
+/// Copies with vector moves, 32-byte ones where the CPU has AVX2 (faster from memory:
+/// 8.3 against 6.6 GB/s for 512 KiB on the AMD guest) and 16-byte ones otherwise.
 ///
 /// # Safety
 /// As [`copy_raw`].
 #[cfg(target_arch = "x86_64")]
 unsafe fn vector_copy(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
-    let body = n / 64 * 64;
-    let mut at = 0;
-    while at < body {
-        // SAFETY: `at + 64 <= body <= n`, so all four loads and stores lie in the regions
-        // the caller vouched for; unaligned loads and stores take any address.
-        unsafe {
-            let (s, d) = (src.add(at).cast::<__m128i>(), dst.add(at).cast::<__m128i>());
-            let (a, b, c, e) = (
-                _mm_loadu_si128(s),
-                _mm_loadu_si128(s.add(1)),
-                _mm_loadu_si128(s.add(2)),
-                _mm_loadu_si128(s.add(3)),
-            );
-            _mm_storeu_si128(d, a);
-            _mm_storeu_si128(d.add(1), b);
-            _mm_storeu_si128(d.add(2), c);
-            _mm_storeu_si128(d.add(3), e);
-        }
-        at += 64;
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above); the rest is forwarded to the caller.
+        unsafe { vector_copy_avx2(dst, src, n) }
+    } else {
+        // SAFETY: forwarded to the caller.
+        unsafe { vector_copy_sse2(dst, src, n) }
     }
-    // SAFETY: the last `n - body` (< 64) bytes of both regions; `memcpy` copies so few with
-    // vector moves.
-    unsafe { std::ptr::copy_nonoverlapping(src.add(body), dst.add(body), n - body) };
+}
+
+/// Four loads then four stores per round: no `rep movsb`, and a loop the compiler does not
+/// turn back into a call to `memcpy` (no store moves by its own size each round). `$load`
+/// and `$store` move one `$vec` of `$width` bytes at any alignment.
+macro_rules! rounds {
+    ($dst:ident, $src:ident, $n:ident, $vec:ty, $width:literal, $load:ident, $store:ident) => {{
+        let round = 4 * $width;
+        let body = $n / round * round;
+        let mut at = 0;
+        while at < body {
+            // SAFETY: `at + round <= body <= n`, so every load and store lies in the regions
+            // the caller vouched for; unaligned loads and stores take any address.
+            unsafe {
+                let (s, d) = ($src.add(at).cast::<$vec>(), $dst.add(at).cast::<$vec>());
+                let (a, b, c, e) = ($load(s), $load(s.add(1)), $load(s.add(2)), $load(s.add(3)));
+                $store(d, a);
+                $store(d.add(1), b);
+                $store(d.add(2), c);
+                $store(d.add(3), e);
+            }
+            at += round;
+        }
+        // SAFETY: the last `n - body` (< one round) bytes of both regions; `memcpy` copies so
+        // few with vector moves.
+        unsafe { std::ptr::copy_nonoverlapping($src.add(body), $dst.add(body), $n - body) };
+    }};
+}
+
+/// [`vector_copy`] with AVX2's 32-byte moves.
+///
+/// # Safety
+/// As [`copy_raw`], on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn vector_copy_avx2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
+    rounds!(dst, src, n, __m256i, 32, _mm256_loadu_si256, _mm256_storeu_si256)
+}
+
+/// [`vector_copy`] with SSE2's 16-byte moves (every x86-64 CPU has them).
+///
+/// # Safety
+/// As [`copy_raw`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn vector_copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
+    rounds!(dst, src, n, __m128i, 16, _mm_loadu_si128, _mm_storeu_si128)
 }
 
 /// Elsewhere `memcpy` (the stall is an x86 one).
@@ -130,6 +160,14 @@ mod tests {
                 copy(&mut dst[at..at + len], &src[40..40 + len]);
                 assert!(dst[at..at + len] == src[40..40 + len], "{len} bytes, {gap} past");
                 assert!(dst[..at].iter().chain(&dst[at + len..]).all(|b| *b == 0), "{len} bytes, {gap} past");
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // The SSE2 loop too, where `copy` takes the AVX2 one.
+                    let mut other = vec![0u8; len];
+                    // SAFETY: both regions hold `len` bytes and are disjoint.
+                    unsafe { vector_copy_sse2(other.as_mut_ptr(), src[40..].as_ptr(), len) };
+                    assert!(other == src[40..40 + len], "SSE2, {len} bytes");
+                }
             }
         }
     }
