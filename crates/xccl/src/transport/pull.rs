@@ -104,7 +104,7 @@ fn bounced(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> i
         while done < len {
             let n = (len - done).min(BOUNCE_CHUNK);
             let there = addr.wrapping_add(done as u64);
-            let skew = (there as usize + PAGE / 2).wrapping_sub(bounce.as_ptr() as usize) % PAGE;
+            let skew = stage_skew(there as usize, bounce.as_ptr() as usize);
             let stage = &mut bounce[skew..skew + n];
             let here = local.wrapping_add(done);
             match dir {
@@ -125,6 +125,12 @@ fn bounced(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> i
         }
         Ok(())
     })
+}
+
+/// Where in a bounce buffer at address `base` a chunk for remote address `there` starts: half
+/// a page past `there` within a page (below a page from `base`).
+fn stage_skew(there: usize, base: usize) -> usize {
+    (there + PAGE / 2).wrapping_sub(base) % PAGE
 }
 
 /// Moves `len` bytes between `local` (this process) and `addr` of process `pid`, retrying
@@ -187,6 +193,29 @@ mod tests {
         assert_eq!(&target[8..40], &src[..32]);
         assert!(target[..8].iter().chain(&target[40..]).all(|b| *b == 0));
         assert!(!probe(me, src.as_ptr() as u64));
+    }
+
+    #[test]
+    fn the_bounce_buffer_keeps_both_copies_off_a_short_distance() {
+        // For every short distance between a local and a remote address, reading and
+        // writing, neither the kernel's copy (bounce buffer and remote) nor this process's
+        // (local and bounce buffer) is at a short distance, wherever the buffer lies.
+        for base in [0x7f00_0000_1000usize, 0x7f00_0000_1010, 0x7f00_0000_1ff8] {
+            for remote in [0x5555_0000_0000usize, 0x5555_0000_0fc8, 0x5555_0000_0801] {
+                for gap in 1..64 {
+                    let stage = base + stage_skew(remote, base);
+                    assert!(stage >= base && stage < base + PAGE);
+                    // Reading: the kernel copies remote -> stage, this process stage -> local.
+                    let local = remote + gap + 7 * PAGE;
+                    assert!(short_distance(local, remote));
+                    assert!(!short_distance(stage, remote) && !short_distance(local, stage));
+                    // Writing: this process copies local -> stage, the kernel stage -> remote.
+                    let local = remote.wrapping_sub(gap) + 3 * PAGE;
+                    assert!(short_distance(remote, local));
+                    assert!(!short_distance(stage, local) && !short_distance(remote, stage));
+                }
+            }
+        }
     }
 
     #[test]
