@@ -91,10 +91,10 @@ fn predictions_are_within_three_times_the_measured_step() {
     for (name, mesh) in cases {
         // CI's machine has 2 cores shared by both ranks and the rest of the suite, and the
         // model leaves out the operating system's wake-ups and a slow rank's hiccups, so the
-        // prediction runs 0.78-0.97 of the step on a quiet machine, lower on a busy one (docs/PERFORMANCE.md). The bound catches what
-        // is grossly wrong (a missing stage, a unit, a collective counted per element); a
-        // case passes when one of three attempts (a fresh training run and a fresh
-        // prediction) lands within a factor of three.
+        // prediction runs 0.78-0.97 of the step on a quiet machine, lower on a busy one
+        // (docs/PERFORMANCE.md). The bound catches what is grossly wrong (a missing stage, a
+        // unit, a collective counted per element); a case passes when one of three attempts
+        // (a fresh training run and a fresh prediction) lands within a factor of three.
         let mut attempts = Vec::new();
         let (real, trace, text) = loop {
             let (mean, trace) = measured(name, mesh);

@@ -5,8 +5,8 @@
 //! `process_vm_writev`) copy with `rep movsb`. On this project's AMD EPYC (Zen 3) guest that
 //! loses most of its rate when the destination lies a few bytes past the source within a
 //! 4 KiB page (each store falls where the next loads look 4 KiB apart): a 512 KiB copy in the
-//! kernel moved 1.6–2.5 GB/s at such a distance against 8.4–10.9 GB/s at any other, and
-//! glibc's `memcpy` of 64 KiB 1.05 against 22 GB/s. Buffers from `malloc` often lie 16 bytes off each
+//! kernel moved 1.7–1.9 GB/s at such a distance against 4.4–5.3 GB/s at others, and glibc's
+//! `memcpy` of 64 KiB 0.5–1.3 against 27 GB/s (`bench/native/copy_distance.c`). Buffers from `malloc` often lie 16 bytes off each
 //! other's alignment, so collectives meet it: a 2-rank 1 MiB all-gather ran at a quarter of
 //! its rate, in one launch and not in the next.
 //!
@@ -57,8 +57,9 @@ pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { vector_copy(dst, src, n) }
 }
 
-/// Copies with vector moves, 32-byte ones where the CPU has AVX2 (faster from memory:
-/// 8.3 against 6.6 GB/s for 512 KiB on the AMD guest) and 16-byte ones otherwise.
+/// Copies with vector moves, 32-byte ones where the CPU has AVX2 (faster: 17–19 against
+/// 7.5–13 GB/s for 64 KiB at short distances on the AMD guest, `bench/native/copy_distance.c`)
+/// and 16-byte ones otherwise.
 ///
 /// # Safety
 /// As [`copy_raw`].

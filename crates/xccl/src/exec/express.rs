@@ -60,7 +60,7 @@ impl Engine {
                         // SAFETY: both regions lie in the operation's buffers and do not overlap
                         // (checked when the step was compiled); everything this copy follows
                         // is complete, so no other view of them is alive.
-                        unsafe { t.span.bytes_mut(0, t.span.len).copy_from_slice(src.bytes(0, src.len)) };
+                        unsafe { crate::copy::copy(t.span.bytes_mut(0, t.span.len), src.bytes(0, src.len)) };
                         true
                     }
                 };
