@@ -8,7 +8,7 @@
 #
 #   bash bench/fuzz_cov.sh                          10^7 inputs per target, every target
 #   RUNS=300000 bash bench/fuzz_cov.sh store ll     some targets
-#   SECONDS_PER_TARGET=15 bash bench/fuzz_cov.sh    a time limit per target (CI: 10 s)
+#   SECONDS_PER_TARGET=10 bash bench/fuzz_cov.sh    a time limit per target (as CI runs it)
 #   MERGE=1 bash bench/fuzz_cov.sh                  then merge what was found into
 #                                                   fuzz/corpus: the fewest inputs that reach
 #                                                   every edge reached (-set_cover_merge=1

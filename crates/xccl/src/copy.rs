@@ -6,9 +6,9 @@
 //! loses most of its rate when the destination lies a few bytes past the source within a
 //! 4 KiB page (each store falls where the next loads look 4 KiB apart): a 512 KiB copy in the
 //! kernel moved 1.7–1.9 GB/s at such a distance against 4.4–5.3 GB/s at others, and glibc's
-//! `memcpy` of 64 KiB 0.5–1.3 against 27 GB/s (`bench/native/copy_distance.c`). Buffers from `malloc` often lie 16 bytes off each
-//! other's alignment, so collectives meet it: a 2-rank 1 MiB all-gather ran at a quarter of
-//! its rate, in one launch and not in the next.
+//! `memcpy` of 64 KiB 0.5–1.3 against 27 GB/s (`bench/native/copy_distance.c`). Buffers from
+//! `malloc` often lie 16 bytes off each other's alignment, so collectives meet it: a 2-rank
+//! 1 MiB all-gather ran at a quarter of its rate, in one launch and not in the next.
 //!
 //! [`copy`] and [`copy_raw`] take glibc's `memcpy` at every other distance and a vector loop
 //! at short ones; `transport::pull` moves a short-distance cross-process copy through a
