@@ -8,18 +8,26 @@
 #   NPS="2" SIZES=8 LOADS=quiet bash bench/launches.sh 20
 #   BEFORE=/path/to/old/xccl bash bench/launches.sh 50   (an older build too, launch for launch
 #                                                       interleaved with this one)
-#   WINDOW=0.1 bash bench/launches.sh 50           (each launch times each size for about 0.1 s
-#                                                       instead of ITERS runs: its state, which a
-#                                                       burst of another thread does not change)
+#   WINDOW=0.1 bash bench/launches.sh 50           (each size's runs fixed for the series so that
+#                                                       a launch times it for about 0.1 s: its state,
+#                                                       which a burst of another thread does not
+#                                                       change)
 #
 # Each launch is `xccl run -n NP -- xccl bench all_reduce --sizes SIZES -n ITERS -w WARMUP`, its
-# figure the time column of rank 0 (with WINDOW, `--target-sec WINDOW` instead of `-n ITERS`,
-# at most 20000 runs, and `-t WINDOW` for Open MPI's harness). At 8 bytes, 100 runs last
-# 30-700 µs: one burst of another thread (a kernel thread, a daemon) of a millisecond doubles
-# such a launch's figure without the job being in a slow state. LOADS: "quiet" (nothing else runs) and "busy" (one
+# figure the time column of rank 0. At 8 bytes, 100 runs last 30-700 µs: one burst of another
+# thread (a kernel thread, a daemon) of a millisecond doubles such a launch's figure without the
+# job being in a slow state. With WINDOW, each size gets launches of its own, every one with the
+# same number of runs, set per implementation, load and rank count before its series by three
+# calibration launches (`--target-sec WINDOW` for xccl, `-t WINDOW` for Open MPI's harness):
+# WINDOW over the median of their times. Launch figures are then averages over the same work, and a job that
+# stays slow doubles its figure while a start-up transient of a few milliseconds does not. (A
+# count each launch sets for itself from its first runs gave windows of 1-5 ms to launches whose
+# first runs were slow, and then counted a start-up transient as a slow launch: Open MPI's
+# harness sets its count that way.) LOADS: "quiet" (nothing else runs) and "busy" (one
 # CPU-bound process runs beside the job for the whole series). With the peers installed
 # (../shared/bench/peers/install_peers.sh) Open MPI's benchmark is launched the same way, for
-# reference. Raw rows go to $OUT/raw.tsv, the summary to $OUT/summary.md.
+# reference. Raw rows go to $OUT/raw.tsv, the counts to $OUT/iters.tsv, the summary to
+# $OUT/summary.md.
 set -euo pipefail
 LAUNCHES="${1:-50}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -48,26 +56,36 @@ fi
 } > "$OUT/env.txt" 2>&1
 
 RAW="$OUT/raw.tsv"
+ITERS_TSV="$OUT/iters.tsv"
 printf "impl\tload\tnp\tlaunch\tbytes\ttime_us\n" > "$RAW"
-# Rows "bytes time" of rank 0, from a run in the peers' row format.
-rows() { sed -n 's/^\[0\] //p' | awk '$1 ~ /^[0-9]+$/ {print $1, $5}'; }
-if [ -n "$WINDOW" ]; then
-  XCCL_RUNS=(--target-sec "$WINDOW"); OMPI_RUNS=(-t "$WINDOW" -m 3 -M 20000)
-else
-  XCCL_RUNS=(-n "$ITERS"); OMPI_RUNS=(-m "$ITERS" -M "$ITERS")
-fi
-one() { # IMPL LOAD NP LAUNCH
-  local impl="$1" load="$2" np="$3" i="$4" bin
+printf "impl\tload\tnp\tbytes\titers\n" > "$ITERS_TSV"
+# Rows "bytes time iters" of rank 0, from a run in the peers' row format.
+rows() { sed -n 's/^\[0\] //p' | awk '$1 ~ /^[0-9]+$/ {print $1, $5, $10}'; }
+# One launch: IMPL NP SIZES RUNS... (RUNS: the flags that set the number of runs); prints rows.
+launch() {
+  local impl="$1" np="$2" sizes="$3" bin; shift 3
   case "$impl" in
     xccl) bin="$XCCL" ;;
     before) bin="$BEFORE" ;;
   esac
   if [ "$impl" = ompi ]; then
-    mpirun --allow-run-as-root --oversubscribe -np "$np" "$OMPI" -s "$SIZES" -o allreduce "${OMPI_RUNS[@]}" -w "$WARMUP" -W 0 2>/dev/null \
-      | awk '$1 ~ /^[0-9]+$/ {print $1, $5}'
+    # -W: Open MPI's harness runs its -w warm-up runs only within -W seconds.
+    mpirun --allow-run-as-root --oversubscribe -np "$np" "$OMPI" -s "$sizes" -o allreduce "$@" -w "$WARMUP" -W 10 2>/dev/null \
+      | awk '$1 ~ /^[0-9]+$/ {print $1, $5, $10}'
   else
-    "$bin" run -n "$np" -- "$bin" bench all_reduce --sizes "$SIZES" "${XCCL_RUNS[@]}" -w "$WARMUP" --peer-format 2>&1 | rows
-  fi | while read -r bytes t; do printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$impl" "$load" "$np" "$i" "$bytes" "$t"; done >> "$RAW"
+    "$bin" run -n "$np" -- "$bin" bench all_reduce --sizes "$sizes" "$@" -w "$WARMUP" --peer-format 2>&1 | rows
+  fi
+}
+record() { # IMPL LOAD NP LAUNCH < rows
+  while read -r bytes t _; do printf "%s\t%s\t%s\t%s\t%s\t%s\n" "$1" "$2" "$3" "$4" "$bytes" "$t"; done >> "$RAW"
+}
+# The number of runs that lasts about WINDOW seconds: WINDOW over the median time of three
+# launches that set their own count (at most 20000 runs each). IMPL NP SIZE
+calibrated() {
+  local impl="$1" np="$2" size="$3" runs
+  if [ "$impl" = ompi ]; then runs=(-t "$WINDOW" -m 3 -M 20000); else runs=(--target-sec "$WINDOW"); fi
+  for _ in 1 2 3; do launch "$impl" "$np" "$size" "${runs[@]}"; done | awk '{print $2}' | sort -g | sed -n 2p \
+    | awk -v w="$WINDOW" '{n = int(w * 1e6 / $1); print (n < 3 ? 3 : n)}'
 }
 
 IMPLS="xccl"
@@ -80,8 +98,29 @@ for load in $LOADS; do
   fi
   for np in $NPS; do
     echo "== $load, $np ranks  $(date +%T)"
+    if [ -z "$WINDOW" ]; then
+      for i in $(seq 1 "$LAUNCHES"); do
+        for impl in $IMPLS; do
+          launch "$impl" "$np" "$SIZES" -n "$ITERS" | record "$impl" "$load" "$np" "$i"
+        done
+      done
+      continue
+    fi
+    declare -A count=()
+    for impl in $IMPLS; do
+      for size in ${SIZES//,/ }; do
+        count[$impl,$size]=$(calibrated "$impl" "$np" "$size")
+        printf "%s\t%s\t%s\t%s\t%s\n" "$impl" "$load" "$np" "$size" "${count[$impl,$size]}" >> "$ITERS_TSV"
+      done
+    done
     for i in $(seq 1 "$LAUNCHES"); do
-      for impl in $IMPLS; do one "$impl" "$load" "$np" "$i"; done
+      for size in ${SIZES//,/ }; do
+        for impl in $IMPLS; do
+          n="${count[$impl,$size]}"
+          if [ "$impl" = ompi ]; then runs=(-m "$n" -M "$n"); else runs=(-n "$n"); fi
+          launch "$impl" "$np" "$size" "${runs[@]}" | record "$impl" "$load" "$np" "$i"
+        done
+      done
     done
   done
   [ -n "$hog" ] && kill "$hog"

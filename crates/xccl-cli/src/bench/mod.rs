@@ -16,7 +16,7 @@ use xccl::{CollKind, Communicator, Config, DType, Element, ReduceOp, bf16, f16};
 
 mod case;
 
-use case::wrong_count;
+use case::{Case, wrong_count};
 pub(crate) use case::{case, run_once, wrong};
 
 /// The operation to measure: a collective ([`CollKind`]; `reduce_scatter_v` is its uneven
@@ -108,7 +108,8 @@ pub struct BenchArgs {
     /// Exact list of sizes (e.g. `8,1K,1M,64M`), instead of -b/-e/-f.
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Vec<usize>,
-    /// Timed runs per size (default: as many as fit in --target-sec, 3 to 20000).
+    /// Timed runs per size (default: as many as fit in --target-sec at the rate measured
+    /// after the warm-up, 3 to 20000).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<usize>,
     /// Untimed warm-up runs per size.
@@ -266,8 +267,12 @@ pub(crate) struct Row {
     iters: usize,
 }
 
-/// Measures one size on `c`: a checked run, a timed warm-up that sets the number of runs,
-/// the timed runs, and the result checked again. Also returns the layout each rank passed.
+/// The most timed runs `--target-sec` sets.
+const MAX_ITERS: usize = 20_000;
+
+/// Measures one size on `c`: a checked run, the warm-up, the number of runs (`-n`, or
+/// [`calibrate`]d to fill `--target-sec`), the timed runs, and the result checked again. Also
+/// returns the layout each rank passed.
 pub(crate) fn measure<T: Element>(
     c: &Communicator,
     args: &BenchArgs,
@@ -276,16 +281,13 @@ pub(crate) fn measure<T: Element>(
     let n = c.size();
     let mut k = case::<T>(c, args, bytes)?;
     let mut bad = wrong_count(c, args, &mut k)?;
-    let t0 = Instant::now();
     for _ in 0..args.warmup.max(1) {
         run_once(c, args, &mut k)?;
     }
-    let mut plan = [t0.elapsed().as_secs_f64() / args.warmup.max(1) as f64];
-    c.broadcast(&mut plan, 0)?;
-    let iters = args
-        .iters
-        .unwrap_or_else(|| (args.target_sec / plan[0].max(1e-9)).clamp(3.0, 20000.0) as usize)
-        .max(1);
+    let iters = match args.iters {
+        Some(iters) => iters.max(1),
+        None => calibrate(c, args, &mut k)?,
+    };
     c.barrier()?;
     let compute = Duration::from_secs_f64(args.compute_us * 1e-6);
     let (t0, mut computing) = (Instant::now(), Duration::ZERO);
@@ -328,6 +330,27 @@ pub(crate) fn measure<T: Element>(
         iters,
     };
     Ok((row, k.shape))
+}
+
+/// The number of timed runs that lasts `--target-sec` at the rate this job runs at now:
+/// batches of runs doubling in length until one lasts a tenth of that (rank 0's clock
+/// decides for all), so that the first runs after start-up, which may be slower by far
+/// (ranks still being placed on cores, pages still being touched), do not set it. A count
+/// set from them gave a window of a few milliseconds that a start-up transient filled.
+fn calibrate<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<usize> {
+    let mut batch = 1usize;
+    loop {
+        let t0 = Instant::now();
+        for _ in 0..batch {
+            run_once(c, args, k)?;
+        }
+        let mut per_run = [t0.elapsed().as_secs_f64() / batch as f64];
+        c.broadcast(&mut per_run, 0)?;
+        if per_run[0] * batch as f64 >= args.target_sec / 10.0 || batch * 2 > MAX_ITERS {
+            return Ok((args.target_sec / per_run[0].max(1e-9)).clamp(3.0, MAX_ITERS as f64) as usize);
+        }
+        batch *= 2;
+    }
 }
 
 fn bench_typed<T: Element>(c: &Communicator, args: &BenchArgs, transport: &str) -> xccl::Result<()> {
