@@ -22,7 +22,8 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_FLIGHT_DIR` | where the flight records go | `$TMPDIR/xccl-flight` |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
-/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory, messages half as long in collectives that do not combine (`off`: never) | 64 KiB |
+/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory where it combines them (`off`: never) | 64 KiB |
+/// | `XCCL_PULL_PLAIN_BYTES` | the same for messages the receiver only places (all-gather, broadcast, all-to-all; `off`: never) | half `XCCL_PULL_BYTES` |
 /// | `XCCL_SHM` | `0` to use TCP between processes of one host instead of shared memory | `1` |
 /// | `XCCL_BACKEND` | `mpi`: [`Communicator::from_env`](crate::Communicator::from_env) makes an MPI communicator (feature `mpi`) | `native` |
 /// | `XCCL_SHM_RING_BYTES` | bytes per shared-memory ring | by ranks per host: 4 MiB up to 4, 1 MiB up to 16, 256 KiB beyond |
@@ -44,9 +45,9 @@ pub struct Config {
     pub shm: bool,
     /// Bytes per shared-memory ring; `None` sizes rings by the number of ranks per host.
     pub shm_ring: Option<usize>,
-    /// Messages at least this long go by pull (the receiver copies from the sender's memory
+    /// From which length messages go by pull (the receiver copies from the sender's memory
     /// where it can); `usize::MAX` never.
-    pub pull_min: usize,
+    pub pull_min: crate::protocol::PullMin,
     /// Whether a job spanning hosts measures the links between them when it starts
     /// (`XCCL_LINK_PROBE`); `None` decides: it measures over a network (not loopback) when
     /// the TCP constants are the built-in ones.
@@ -80,7 +81,7 @@ impl Default for Config {
             max_unexpected: 256 << 20,
             shm: true,
             shm_ring: None,
-            pull_min: crate::protocol::PULL_MIN,
+            pull_min: crate::protocol::PullMin::default(),
             link_probe: None,
             flight: FlightConfig::default(),
             link_timeout: Duration::from_secs(3),
@@ -135,12 +136,18 @@ impl Config {
             }
             c.shm_ring = Some(b);
         }
-        if let Some(v) = lookup("XCCL_PULL_BYTES") {
-            c.pull_min = if v.trim() == "off" {
-                usize::MAX
-            } else {
-                parse_bytes("XCCL_PULL_BYTES", &v, 1, usize::MAX)?
-            };
+        let pull_bytes = |name: &str| -> Result<Option<usize>> {
+            match lookup(name) {
+                None => Ok(None),
+                Some(v) if v.trim() == "off" => Ok(Some(usize::MAX)),
+                Some(v) => parse_bytes(name, &v, 1, usize::MAX).map(Some),
+            }
+        };
+        if let Some(b) = pull_bytes("XCCL_PULL_BYTES")? {
+            c.pull_min = crate::protocol::PullMin::from_combining(b);
+        }
+        if let Some(b) = pull_bytes("XCCL_PULL_PLAIN_BYTES")? {
+            c.pull_min.plain = b;
         }
         if let Some(v) = lookup("XCCL_LINK_PROBE") {
             c.link_probe = match v.trim() {
@@ -204,6 +211,22 @@ mod tests {
         assert!(with(&[("XCCL_SEGMENT_BYTES", "1")]).is_err());
         assert!(with(&[("XCCL_ALGO", "allreduce:nope")]).is_err());
         assert_eq!(with(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn pull_thresholds_are_set_together_or_apart() {
+        use crate::protocol::PullMin;
+        let pull = |pairs: &[(&str, &str)]| with(pairs).unwrap().pull_min;
+        assert_eq!(pull(&[]), PullMin { combining: 64 << 10, plain: 32 << 10 });
+        assert_eq!(pull(&[("XCCL_PULL_BYTES", "1M")]), PullMin { combining: 1 << 20, plain: 512 << 10 });
+        assert_eq!(pull(&[("XCCL_PULL_PLAIN_BYTES", "2M")]), PullMin { combining: 64 << 10, plain: 2 << 20 });
+        assert_eq!(
+            pull(&[("XCCL_PULL_BYTES", "off"), ("XCCL_PULL_PLAIN_BYTES", "8K")]),
+            PullMin { combining: usize::MAX, plain: 8 << 10 }
+        );
+        assert_eq!(pull(&[("XCCL_PULL_PLAIN_BYTES", "off")]).plain, usize::MAX);
+        let e = with(&[("XCCL_PULL_PLAIN_BYTES", "lots")]).unwrap_err().to_string();
+        assert!(e.contains("XCCL_PULL_PLAIN_BYTES"), "{e}");
     }
 
     #[test]

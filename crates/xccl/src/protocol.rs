@@ -7,7 +7,7 @@
 //! | [`Ll`](Protocol::Ll) | flag and data in the same cache lines of a small channel beside the ring: the receiver polls the data itself, no header, no separate notification | memory links, messages up to 256 bytes |
 //! | [`Eager`](Protocol::Eager) | the whole message in one frame, written when the ring takes it whole and placed straight from the ring without the general loop (the express lane) | memory links, messages up to 4 KiB |
 //! | [`Stream`](Protocol::Stream) | framed segments through the link, pipelined: the receiver places or reduces segment `k` while segment `k + 1` arrives | every link; the fallback |
-//! | [`Pull`](Protocol::Pull) | the sender describes where the message lies; the receiver copies it out of the sender's memory in one pass and acknowledges | links whose receiver can read the sender's memory, messages from `XCCL_PULL_BYTES` (64 KiB), from half that in collectives that do not combine |
+//! | [`Pull`](Protocol::Pull) | the sender describes where the message lies; the receiver copies it out of the sender's memory in one pass and acknowledges | links whose receiver can read the sender's memory, messages from `XCCL_PULL_BYTES` (64 KiB), from `XCCL_PULL_PLAIN_BYTES` (half that) in collectives that do not combine |
 //! | [`Split`](Protocol::Split) | a pull shared by both sides: the receiver copies the head while the sender writes the tail into the receiver's memory | one-way collectives (broadcast, scatter, gather) with a core per rank, 1-2 MiB |
 //! | [`Fused`](Protocol::Fused) | a pull that is folded, and whose result is the next step's message back to its sender: the sender names where that message goes in its own memory (a grant), and the receiver writes each folded piece there while it is still in cache, so the next step has nothing left to move | pulled, combined messages from [`FUSE_MIN`] (the 2-rank all-reduce's reduce-scatter and all-gather, Rabenseifner's middle rounds) |
 //!
@@ -179,6 +179,35 @@ pub const LL_MAX: usize = 256;
 /// Messages at least this long may be pulled by default (`XCCL_PULL_BYTES`).
 pub const PULL_MIN: usize = 64 << 10;
 
+/// From which length a message may be pulled: where its receiver combines it
+/// (`XCCL_PULL_BYTES`), and where it only places it (`XCCL_PULL_PLAIN_BYTES`, by default
+/// half the first; see [`for_send`]). Machines differ in where a copy out of another
+/// process's memory starts to beat two copies through the ring, most for placed messages:
+/// on an Intel Xeon guest a 32 KiB message of a 2-rank all-gather took 3.4-3.6 µs pulled
+/// against 4.9 streamed, on an AMD EPYC (Zen 3) guest 13-20 µs against 5.5, with streaming
+/// ahead there up to 512 KiB messages for all-gather and broadcast but not for all-to-all
+/// (docs/PERFORMANCE.md, "Where a pull pays").
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PullMin {
+    /// For messages the receiver combines (and point-to-point messages).
+    pub combining: usize,
+    /// For messages the receiver only places.
+    pub plain: usize,
+}
+
+impl PullMin {
+    /// `combining` for combined messages, half that for placed ones.
+    pub const fn from_combining(combining: usize) -> PullMin {
+        PullMin { combining, plain: combining / 2 }
+    }
+}
+
+impl Default for PullMin {
+    fn default() -> Self {
+        PullMin::from_combining(PULL_MIN)
+    }
+}
+
 /// Messages up to this many bytes, over memory links, may go eager (the express lane).
 pub const EAGER_MAX: usize = 4096;
 
@@ -230,10 +259,10 @@ pub struct Outgoing {
     /// The receiver only places the message (the collective does not combine), and the
     /// sender is not a one-way sender on a host with more ranks than cores (which, streaming,
     /// is done once its copies are in the rings, but waits for every receiver's time slice
-    /// when they pull): it may be pulled from half of `pull_min`.
+    /// when they pull): it may be pulled from `pull_min.plain`.
     pub plain: bool,
-    /// Messages at least this long may be pulled (`XCCL_PULL_BYTES`).
-    pub pull_min: usize,
+    /// From which length messages may be pulled.
+    pub pull_min: PullMin,
 }
 
 /// Whether a message of `len` bytes on `link` goes by LL. Decided alike by sender and
@@ -247,8 +276,9 @@ fn eager(len: usize, link: &LinkFacts, pull_min: usize, allowed: Protocols) -> b
     allowed.allows(Protocol::Eager) && link.memory && len <= EAGER_MAX && len <= link.seg && len < pull_min
 }
 
-/// The least length from which message `m` may be pulled: `pull_min` where the receiver
-/// combines it, half that where it only places it. Below `pull_min` a combining receiver does
+/// The least length from which message `m` may be pulled: `pull_min.combining` where the
+/// receiver combines it, `pull_min.plain` (by default half that) where it only places it.
+/// Below the first a combining receiver does
 /// better reducing straight out of the ring, in one pass, than copying out of the sender's
 /// memory into a stage and reducing from there; a placing receiver makes one pass either
 /// way, and a pull spares the sender its copy into the ring (measured on an Intel Xeon
@@ -256,7 +286,7 @@ fn eager(len: usize, link: &LinkFacts, pull_min: usize, allowed: Protocols) -> b
 /// and 3.4-3.6 µs pulled; a 64 KiB all-reduce, 32 KiB halves, 8.1 µs streamed and 13.1 µs
 /// pulled).
 fn pull_from(m: &Outgoing) -> usize {
-    if m.plain { m.pull_min / 2 } else { m.pull_min }
+    if m.plain { m.pull_min.plain } else { m.pull_min.combining }
 }
 
 /// How the sender sends message `m` to a peer over `link`.
@@ -269,7 +299,7 @@ fn pull_from(m: &Outgoing) -> usize {
 pub fn for_send(m: &Outgoing, link: &LinkFacts, allowed: Protocols) -> Protocol {
     if ll(m.len, link, allowed) {
         Protocol::Ll
-    } else if eager(m.len, link, m.pull_min, allowed) {
+    } else if eager(m.len, link, m.pull_min.combining, allowed) {
         Protocol::Eager
     } else if allowed.allows(Protocol::Pull)
         && link.peer_pulls
@@ -347,7 +377,13 @@ mod tests {
     }
 
     fn out(len: usize) -> Outgoing {
-        Outgoing { len, has_dependents: false, sole_one_way: false, plain: false, pull_min: 64 << 10 }
+        Outgoing {
+            len,
+            has_dependents: false,
+            sole_one_way: false,
+            plain: false,
+            pull_min: PullMin::default(),
+        }
     }
 
     #[test]
@@ -365,6 +401,12 @@ mod tests {
         let plain = |len| Outgoing { plain: true, ..out(len) };
         assert_eq!(for_send(&plain(32 << 10), &shm(), all), Protocol::Pull);
         assert_eq!(for_send(&plain((32 << 10) - 1), &shm(), all), Protocol::Stream);
+        // Its own threshold, when set, leaves the combining one alone.
+        let late = PullMin { combining: 64 << 10, plain: 2 << 20 };
+        let placed = |len| Outgoing { plain: true, pull_min: late, ..out(len) };
+        assert_eq!(for_send(&placed(1 << 20), &shm(), all), Protocol::Stream);
+        assert_eq!(for_send(&placed(2 << 20), &shm(), all), Protocol::Pull);
+        assert_eq!(for_send(&Outgoing { pull_min: late, ..out(64 << 10) }, &shm(), all), Protocol::Pull);
         // A later operation waits for it: a pull would wait for the peer's copy.
         assert_eq!(
             for_send(&Outgoing { has_dependents: true, ..out(1 << 20) }, &shm(), all),
@@ -377,7 +419,10 @@ mod tests {
         // Without LL, small messages go eager, but only below the pull threshold.
         let no_ll = Protocols::of(&[Protocol::Eager, Protocol::Pull]);
         assert_eq!(for_send(&out(8), &shm(), no_ll), Protocol::Eager);
-        assert_eq!(for_send(&Outgoing { pull_min: 8, ..out(8) }, &shm(), no_ll), Protocol::Pull);
+        assert_eq!(
+            for_send(&Outgoing { pull_min: PullMin::from_combining(8), ..out(8) }, &shm(), no_ll),
+            Protocol::Pull
+        );
     }
 
     #[test]

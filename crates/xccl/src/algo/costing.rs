@@ -182,7 +182,7 @@ impl Costing {
                     protocol: Some(protocol::expected(
                         dst.len * self.esize,
                         &self.place.link(r, peer),
-                        self.place.pull_min,
+                        self.place.pull_min.combining,
                         allowed,
                     )),
                 },

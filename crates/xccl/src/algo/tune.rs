@@ -49,8 +49,9 @@ pub struct Placement {
     pub inter: LinkClass,
     /// The protocols each collective may use (`XCCL_PROTO`).
     pub protocols: ProtocolPolicy,
-    /// Messages at least this long may be pulled (`XCCL_PULL_BYTES`).
-    pub pull_min: usize,
+    /// From which length messages may be pulled (`XCCL_PULL_BYTES`,
+    /// `XCCL_PULL_PLAIN_BYTES`).
+    pub pull_min: protocol::PullMin,
 }
 
 impl Placement {
@@ -68,7 +69,7 @@ impl Placement {
             intra,
             inter,
             protocols: ProtocolPolicy::default(),
-            pull_min: protocol::PULL_MIN,
+            pull_min: protocol::PullMin::default(),
         }
     }
 

@@ -345,7 +345,13 @@ mod tests {
             })
             .collect();
         let policy = ProtocolPolicy::parse(policy).unwrap();
-        let how = Compiling { rank, peers: &peers, policy: &policy, pull_min: 64 << 10, spinning: true };
+        let how = Compiling {
+            rank,
+            peers: &peers,
+            policy: &policy,
+            pull_min: crate::protocol::PullMin::default(),
+            spinning: true,
+        };
         let desc = OpDesc {
             kind: CollKind::AllReduce,
             seq: 0,

@@ -162,7 +162,7 @@ fn engine(rank: usize, link: Box<dyn Link>, timeout: Duration) -> Result<Engine>
         timeout,
         // The stash's budget is a setting; a small one here shows that it holds.
         max_stash: 1 << 20,
-        pull_min: usize::MAX,
+        pull_min: crate::protocol::PullMin { combining: usize::MAX, plain: usize::MAX },
         // No LL: the links have no LL channel (the `ll` target fuzzes it).
         protocols: ProtocolPolicy::parse("eager,stream")?,
         board: None,

@@ -78,9 +78,9 @@ pub(crate) struct Tuning {
     pub timeout: Duration,
     /// Most bytes of unexpected point-to-point messages kept at once.
     pub max_stash: usize,
-    /// Messages at least this long are pulled by receivers that can read this rank's memory
+    /// From which length messages are pulled by receivers that can read this rank's memory
     /// (`usize::MAX`: never).
-    pub pull_min: usize,
+    pub pull_min: crate::protocol::PullMin,
     /// The protocols each collective may use (`XCCL_PROTO`).
     pub protocols: ProtocolPolicy,
     /// Where a rank that times out finds out which rank is silent (the job's store), if the

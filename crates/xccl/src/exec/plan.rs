@@ -75,8 +75,8 @@ pub(super) struct Compiling<'a> {
     pub peers: &'a [Peer],
     /// The protocols each collective may use.
     pub policy: &'a ProtocolPolicy,
-    /// Messages at least this long may be pulled.
-    pub pull_min: usize,
+    /// From which length messages may be pulled.
+    pub pull_min: protocol::PullMin,
     /// Each rank has a core of its own (links are polled by spinning).
     pub spinning: bool,
 }
@@ -189,7 +189,8 @@ pub(super) fn compile(
                     )
                 }
                 Op::Recv { peer, dst, with } => {
-                    let proto = protocol::expected(dst.len * esize, &link(peer), how.pull_min, allowed);
+                    let proto =
+                        protocol::expected(dst.len * esize, &link(peer), how.pull_min.combining, allowed);
                     (PlannedAct::Recv { peer, with }, dst, count(peer, false), proto)
                 }
                 Op::Copy { src, dst } => (PlannedAct::Copy { src }, dst, 0, Protocol::Stream),
@@ -264,7 +265,8 @@ mod tests {
         peers: &[Peer],
         policy: &ProtocolPolicy,
     ) -> Vec<CompiledStep> {
-        let how = Compiling { rank: 1, peers, policy, pull_min: 64 << 10, spinning: true };
+        let how =
+            Compiling { rank: 1, peers, policy, pull_min: protocol::PullMin::default(), spinning: true };
         compile(program, false, &desc(kind), &how).unwrap()
     }
 
