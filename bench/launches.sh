@@ -19,12 +19,12 @@
 # job being in a slow state. With WINDOW, each size gets launches of its own, every one with the
 # same number of runs, set per implementation, load and rank count before its series by three
 # calibration launches (`--target-sec WINDOW` for xccl, `-t WINDOW` for Open MPI's harness):
-# WINDOW over the median of their times. Launch figures are then averages over the same work, and a job that
-# stays slow doubles its figure while a start-up transient of a few milliseconds does not. (A
-# count each launch sets for itself from its first runs gave windows of 1-5 ms to launches whose
-# first runs were slow, and then counted a start-up transient as a slow launch: Open MPI's
-# harness sets its count that way.) LOADS: "quiet" (nothing else runs) and "busy" (one
-# CPU-bound process runs beside the job for the whole series). With the peers installed
+# WINDOW over the median of their times. Launch figures are then averages over the same work,
+# and a job that stays slow doubles its figure while a start-up transient of a few milliseconds
+# does not. (A count each launch sets for itself from its first runs gave windows of 1-5 ms to
+# launches whose first runs were slow, and then counted a start-up transient as a slow launch:
+# Open MPI's harness sets its count that way.) LOADS: "quiet" (nothing else runs) and "busy"
+# (one CPU-bound process runs beside the job for the whole series). With the peers installed
 # (../shared/bench/peers/install_peers.sh) Open MPI's benchmark is launched the same way, for
 # reference. Raw rows go to $OUT/raw.tsv, the counts to $OUT/iters.tsv, the summary to
 # $OUT/summary.md.
