@@ -35,6 +35,9 @@ OUT="${OUT:-$REPO/target/bench/compare_shm}"
 NPS="${NPS:-2 4}"
 SIZES="${SIZES:-8,1K,64K,1M,16M,64M}"
 TARGET_SEC="${TARGET_SEC:-0.3}"
+# The most timed runs of a row, for every implementation: enough that the small sizes are
+# timed for TARGET_SEC too (at 20000, the harnesses' default, an 8-byte row lasts 10-20 ms).
+MAX_ITERS="${MAX_ITERS:-2000000}"
 PRIO="$PEERS/prio_run.sh"
 XCCL="$REPO/target/release/xccl"
 COLLS="all_reduce all_gather reduce_scatter broadcast all_to_all"
@@ -61,10 +64,12 @@ mpicc.mpich -O2 -o "$BIN/mpi_coll_mpich" "$PEERS/mpi_coll.c"
 
 # One file per xccl run, in the peers' format: rank 0's lines without the launcher's prefix.
 xccl_all() { # FILE NP [BENCH FLAGS...]
-  local file="$1" np="$2"; shift 2
+  local file="$1" np="$2" most=(); shift 2
+  # Builds from before `--max-iters` stop at 20000 runs.
+  if "$XCCL" bench --help 2>/dev/null | grep -q -- --max-iters; then most=(--max-iters "$MAX_ITERS"); fi
   : > "$file"
   for c in $COLLS; do
-    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench "$c" --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format "$@" \
+    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench "$c" --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format "${most[@]}" "$@" \
       2>&1 | sed -n 's/^\[0\] //p' >> "$file"
   done
 }
@@ -75,9 +80,9 @@ for rep in $(seq 1 "$REPS"); do
   for np in $NPS; do
     "$PRIO" "$PY" "$PEERS/gloo_allreduce.py" -n "$np" --sizes "$SIZES" --target-sec "$TARGET_SEC" \
       > "$OUT/gloo_n${np}_r$rep.txt" 2>&1
-    "$PRIO" mpirun --allow-run-as-root --oversubscribe -np "$np" "$BIN/mpi_coll_ompi" -s "$SIZES" -t "$TARGET_SEC" \
+    "$PRIO" mpirun --allow-run-as-root --oversubscribe -np "$np" "$BIN/mpi_coll_ompi" -s "$SIZES" -t "$TARGET_SEC" -M "$MAX_ITERS" \
       > "$OUT/ompi_n${np}_r$rep.txt" 2>&1
-    "$PRIO" mpirun.mpich -np "$np" "$BIN/mpi_coll_mpich" -s "$SIZES" -t "$TARGET_SEC" \
+    "$PRIO" mpirun.mpich -np "$np" "$BIN/mpi_coll_mpich" -s "$SIZES" -t "$TARGET_SEC" -M "$MAX_ITERS" \
       > "$OUT/mpich_n${np}_r$rep.txt" 2>&1
     # With an older build, the two take turns going first.
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then

@@ -118,3 +118,30 @@ fn computing_between_runs_is_left_out_of_the_time_and_bad_values_are_refused() {
         assert!(!out.status.success() && text(&out).contains("--compute-us"), "{bad}: {}", text(&out));
     }
 }
+
+/// Without `-n`, the number of timed runs fills `--target-sec` up to `--max-iters`: 8-byte
+/// all-reduces between two thread ranks take microseconds, so a tenth of a second holds far
+/// more than 7 of them and the count is the cap; a cap under 3 is refused.
+#[test]
+fn the_timed_runs_stop_at_the_cap() {
+    let out = run_ok(xccl().args([
+        "bench",
+        "all_reduce",
+        "--local",
+        "2",
+        "--sizes",
+        "8",
+        "--target-sec",
+        "0.1",
+        "--max-iters",
+        "7",
+        "--peer-format",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout.lines().find(|l| l.trim_start().starts_with('8')).expect("the 8-byte row");
+    // size count type redop time algbw busbw #wrong tmax iters algo
+    assert_eq!(row.split_whitespace().nth(9), Some("7"), "{}", text(&out));
+    let refused = xccl().args(["bench", "all_reduce", "--local", "2", "--max-iters", "2"]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--max-iters"), "{}", text(&refused));
+}

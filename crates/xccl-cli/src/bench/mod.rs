@@ -109,9 +109,14 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Vec<usize>,
     /// Timed runs per size (default: as many as fit in --target-sec at the rate measured
-    /// after the warm-up, 3 to 20000).
+    /// after the warm-up, 3 to --max-iters).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<usize>,
+    /// The most timed runs --target-sec sets (the peers' harnesses stop at 20000 too: at 0.5
+    /// µs an operation that is 10 ms, which the machine's noise fills; raise it to time small
+    /// sizes for --target-sec).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(3..))]
+    pub max_iters: u64,
     /// Untimed warm-up runs per size.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     pub warmup: usize,
@@ -267,9 +272,6 @@ pub(crate) struct Row {
     iters: usize,
 }
 
-/// The most timed runs `--target-sec` sets.
-const MAX_ITERS: usize = 20_000;
-
 /// Measures one size on `c`: a checked run, the warm-up, the number of runs (`-n`, or
 /// [`calibrate`]d to fill `--target-sec`), the timed runs, and the result checked again. Also
 /// returns the layout each rank passed.
@@ -346,8 +348,9 @@ fn calibrate<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) ->
         }
         let mut per_run = [t0.elapsed().as_secs_f64() / batch as f64];
         c.broadcast(&mut per_run, 0)?;
-        if per_run[0] * batch as f64 >= args.target_sec / 10.0 || batch * 2 > MAX_ITERS {
-            return Ok((args.target_sec / per_run[0].max(1e-9)).clamp(3.0, MAX_ITERS as f64) as usize);
+        let most = usize::try_from(args.max_iters).unwrap_or(usize::MAX);
+        if per_run[0] * batch as f64 >= args.target_sec / 10.0 || batch.saturating_mul(2) > most {
+            return Ok((args.target_sec / per_run[0].max(1e-9)).clamp(3.0, most as f64) as usize);
         }
         batch *= 2;
     }
