@@ -83,7 +83,7 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
             iters: Some(5),
             warmup: 1,
             target_sec: 0.1,
-            max_iters: 20_000,
+            max_iters: crate::bench::MAX_ITERS,
             dtype: DType::F32,
             op: ReduceOp::Sum,
             root: n - 1,

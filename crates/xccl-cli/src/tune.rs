@@ -156,7 +156,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
             iters: None,
             warmup: 3,
             target_sec: args.target_sec,
-            max_iters: 20_000,
+            max_iters: crate::bench::MAX_ITERS,
             dtype: DType::F32,
             op: ReduceOp::Sum,
             root: 0,

@@ -184,9 +184,9 @@ pub const PULL_MIN: usize = 64 << 10;
 /// half the first; see [`for_send`]). Machines differ in where a copy out of another
 /// process's memory starts to beat two copies through the ring, most for placed messages:
 /// on an Intel Xeon guest a 32 KiB message of a 2-rank all-gather took 3.4-3.6 µs pulled
-/// against 4.9 streamed, on an AMD EPYC (Zen 3) guest 13-20 µs against 5.5, with streaming
-/// ahead there up to 512 KiB messages for all-gather and broadcast but not for all-to-all
-/// (docs/PERFORMANCE.md, "Where a pull pays").
+/// against 4.9 streamed, on an AMD EPYC (Zen 3) guest 11-20 µs against 5.5-9.0, streaming
+/// ahead there for 512 KiB messages too but not always for 128 KiB ones, and for all-gather
+/// and broadcast but not for all-to-all (docs/PERFORMANCE.md, "Where a pull pays").
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct PullMin {
     /// For messages the receiver combines (and point-to-point messages).

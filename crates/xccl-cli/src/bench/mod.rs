@@ -19,6 +19,9 @@ mod case;
 use case::{Case, wrong_count};
 pub(crate) use case::{case, run_once, wrong};
 
+/// `--max-iters`' default.
+pub(crate) const MAX_ITERS: u64 = 20_000;
+
 /// The operation to measure: a collective ([`CollKind`]; `reduce_scatter_v` is its uneven
 /// variant, rank k's block 1 + k % 3 parts of the per-rank input) or, as `sendrecv`
 /// ([`CollKind::SendRecv`]), a message to the next rank around a ring.
@@ -115,7 +118,7 @@ pub struct BenchArgs {
     /// The most timed runs --target-sec sets (the peers' harnesses stop at 20000 too: at 0.5
     /// µs an operation that is 10 ms, which the machine's noise fills; raise it to time small
     /// sizes for --target-sec).
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(3..))]
+    #[arg(long, default_value_t = MAX_ITERS, value_parser = clap::value_parser!(u64).range(3..))]
     pub max_iters: u64,
     /// Untimed warm-up runs per size.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
