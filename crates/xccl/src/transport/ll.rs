@@ -9,7 +9,7 @@
 //! channel matches nothing). The writer stores the data words, then the flag with release
 //! ordering; the reader loads the flag with acquire ordering, then the data. Line `k` lives
 //! at index `(k - 1) % LL_LINES` and may be written once the reader has consumed line
-//! `k - LL_LINES`.
+//! `k - LL_LINES` and published it (`consumed` moves in batches of `PUBLISH` lines).
 //!
 //! A message is a label of two words (opaque here: the executor's operation signature)
 //! and its payload: its first line carries the label and 40 payload bytes, each further line
@@ -20,6 +20,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Lines per channel.
 pub(crate) const LL_LINES: usize = 64;
+/// The reader publishes `consumed` once per this many lines read, not after every message:
+/// a writer that keeps the channel full would otherwise reload the counter on every send
+/// and the reader store it again, moving its cache line between the two cores once per
+/// message. A writer waits at most this many lines more for room, and the channel never
+/// deadlocks: what the reader holds back (under `PUBLISH` lines) and the longest message
+/// (`lines_for(LL_MAX_BYTES)`) fit in it together (checked below).
+const PUBLISH: u64 = 16;
 /// The most payload bytes one LL message may carry.
 pub(crate) const LL_MAX_BYTES: usize = crate::protocol::LL_MAX;
 
@@ -63,6 +70,9 @@ pub(crate) enum LlRecv {
 fn lines_for(len: usize) -> u64 {
     1 + len.saturating_sub(FIRST).div_ceil(REST) as u64
 }
+
+// Held-back lines and the longest message fit in the channel together (see `PUBLISH`).
+const _: () = assert!(PUBLISH + 1 + (LL_MAX_BYTES - FIRST).div_ceil(REST) as u64 <= LL_LINES as u64);
 
 /// Words in a channel's memory (its lines, then `consumed`'s line).
 pub(crate) const LL_WORDS: usize = (LL_LINES + 1) * 8;
@@ -214,8 +224,11 @@ impl LlRx {
         }
         let bytes: &[u8] = bytemuck::cast_slice(&self.gather);
         f(&bytes[..len]);
+        let before = self.read;
         self.read = self.read.wrapping_add(need);
-        self.chan().consumed.0[0].store(self.read, Ordering::Release);
+        if before / PUBLISH != self.read / PUBLISH {
+            self.chan().consumed.0[0].store(self.read, Ordering::Release);
+        }
         LlRecv::Done
     }
 }
@@ -287,6 +300,36 @@ mod tests {
         }
         chan.consumed.0[0].store(tx.written, Ordering::Release);
         assert!(tx.send([9, 9], &[1; 8]), "honest again");
+    }
+
+    #[test]
+    fn the_reader_publishes_in_batches_and_an_emptied_channel_always_has_room() {
+        let (chan, mut tx, mut rx) = pair();
+        let published = || chan.consumed.0[0].load(Ordering::Acquire);
+        // Single lines read one by one: `consumed` moves once per PUBLISH lines.
+        for k in 0..PUBLISH - 1 {
+            assert!(tx.send([k, 0], &[1; 8]));
+            assert_eq!(take(&mut rx, [k, 0], 8).0, LlRecv::Done);
+        }
+        assert_eq!(published(), 0, "held back");
+        assert!(tx.send([7, 7], &[1; 8]));
+        assert_eq!(take(&mut rx, [7, 7], 8).0, LlRecv::Done);
+        assert_eq!(published(), PUBLISH);
+        // Filled until refused, then emptied, with messages of every length across many
+        // wraps: whatever the reader holds back, the longest message always fits again.
+        for round in 0..200usize {
+            let len = [1, 41, 97, 200, LL_MAX_BYTES][round % 5];
+            let mut sent = 0u64;
+            while tx.send([round as u64, sent], &message(len, round)) {
+                sent += 1;
+            }
+            assert!(sent > 0, "round {round}: an empty channel refused a message");
+            for k in 0..sent {
+                assert_eq!(take(&mut rx, [round as u64, k], len).1, message(len, round));
+            }
+            assert!(tx.send([1, 1], &message(LL_MAX_BYTES, 3)), "round {round}: no room");
+            assert_eq!(take(&mut rx, [1, 1], LL_MAX_BYTES).1, message(LL_MAX_BYTES, 3));
+        }
     }
 
     #[test]
