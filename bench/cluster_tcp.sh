@@ -41,12 +41,18 @@ for shape in $SHAPES; do
   fi
   XCCL_DEBUG=xccl::comm=info bash "$CLUSTER" launch "$NAME" --ranks-per-host "$rph" -- \
     "${tune[@]}" "$XCCL" bench all_reduce --sizes "$SIZES" --every-algo --target-sec 0.5 > "$OUT/xccl_$shape.txt" 2>&1
-  # The probe's latency, for the simulator.
-  # (A calibrated run has no probe: the tuning file gives the links.)
-  alpha=$(grep -o "measured: [0-9.]* µs" "$OUT/xccl_$shape.txt" | head -1 | awk '{print $2}' || true)
+  # The latency per message for the simulator: the bootstrap probe's, or in a calibrated
+  # run (which has no probe: the tuning file gives the links) the tuning file's TCP class.
+  if [ "${CALIBRATE:-0}" = 1 ]; then
+    alpha=$(awk '$1 == "link" && $2 == "tcp" {print $3}' "$OUT/cluster_$shape.tune")
+  else
+    alpha=$(grep -o "measured: [0-9.]* µs" "$OUT/xccl_$shape.txt" | head -1 | awk '{print $2}' || true)
+  fi
   gbit=${RATE%gbit}
+  # Calls back to back, as the bench's loop runs them (a root's or tree's tail overlaps
+  # the next call).
   "${tune[@]}" "$XCCL" sim --topology "star:bw=$gbit,lat=0" --hosts "$hosts" --ranks-per-host "$rph" \
-    --sizes "$SIZES" --alpha-us "${alpha:-50}" > "$OUT/sim_$shape.txt" 2>&1
+    --sizes "$SIZES" --alpha-us "${alpha:-50}" --calls 4 > "$OUT/sim_$shape.txt" 2>&1
 done
 python3 "$HERE/summarize_cluster_tcp.py" "$OUT" "$RATE" > "$OUT/summary.md"
 cat "$OUT/summary.md"

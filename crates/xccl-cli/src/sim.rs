@@ -53,6 +53,11 @@ pub struct SimArgs {
     /// Write a heat map of the links' load (the largest size, the best algorithm) here.
     #[arg(long)]
     pub svg: Option<String>,
+    /// Calls every rank makes back to back, as `xccl bench`'s loop does; the time shown is
+    /// what one call adds to such a loop (a root's or a tree's tail overlaps the next call).
+    /// 1: a single call, every rank starting together.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub calls: u32,
 }
 
 /// What `xccl sim` can simulate besides one collective.
@@ -109,20 +114,21 @@ fn simulate(args: &SimArgs) -> Result<(), String> {
     let n = args.hosts * args.ranks_per_host;
     let placement: Vec<usize> = (0..n).map(|r| r / args.ranks_per_host).collect();
     println!(
-        "# xccl sim: {} on {} ({} hosts x {} ranks), alpha {:.2} us, shared memory {:.1} GB/s",
+        "# xccl sim: {} on {} ({} hosts x {} ranks), alpha {:.2} us, shared memory {:.1} GB/s{}",
         kind,
         topo.name,
         args.hosts,
         args.ranks_per_host,
         costs.tcp.alpha * 1e6,
-        1e-9 / costs.shm.beta
+        1e-9 / costs.shm.beta,
+        if args.calls > 1 { format!(", a call in a loop of {}", args.calls) } else { String::new() }
     );
     println!(
         "# {:>12} {:<20} {:>14} {:>12} {:>12} {:>10}",
         "size(B)", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "sim(s)"
     );
     let t0 = Instant::now();
-    let rows = sweep(&topo, &costs, &placement, kind, only.as_deref(), &args.sizes);
+    let rows = sweep(&topo, &costs, &placement, kind, only.as_deref(), &args.sizes, args.calls as usize);
     let mut heat = None;
     for &bytes in &args.sizes {
         let here: Vec<_> = rows.iter().filter(|r| r.bytes == bytes).collect();

@@ -10,10 +10,12 @@
 //! - Sends and receives between two ranks match in program order. A receive ends when its
 //!   message has arrived and it has started, plus `gamma` per byte when it combines.
 //! - A local copy takes `delta` per byte.
-//! - Forwarding (an operation that follows another segment by segment, such as a send of
-//!   what is being received): the send starts once the first segment has arrived, and ends
-//!   no earlier than one segment's time after the receive ends. This is the pipeline's
-//!   closed form without simulating each segment.
+//! - Following segment by segment (the rule's [`Follow::Segments`]: a send of what is being
+//!   received, or a fold into what an earlier fold is writing): the later send or receive
+//!   starts once the earlier one has its first segment, and ends no earlier than one
+//!   segment's time after it ends (a send: one segment on the wire; a combining receive: one
+//!   segment's fold). This is the pipeline's closed form without simulating each segment. A
+//!   copy waits for the whole.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -128,19 +130,34 @@ pub fn simulate(
     placement: &[usize],
     call: &Call,
 ) -> Result<Outcome, String> {
+    simulate_calls(topo, costs, placement, call, 1)
+}
+
+/// [`simulate`] with every rank making `calls` of the collective back to back, as a
+/// benchmark's loop does: a rank starts the next call when it has finished its part of the
+/// last, so where ranks finish at different times (a root, a tree) one call's tail overlaps
+/// the next one's start. The outcome is that of all the calls together.
+pub fn simulate_calls(
+    topo: &Topology,
+    costs: &CostModel,
+    placement: &[usize],
+    call: &Call,
+    calls: usize,
+) -> Result<Outcome, String> {
     if let Some(&h) = placement.iter().find(|&&h| h >= topo.hosts) {
         return Err(format!("rank placed on host {h} of a topology of {} hosts", topo.hosts));
     }
     let mut orderer = Orderer::default();
-    simulate_ordered(topo, costs, placement, call, &mut |s, o| orderer.order(s, o))
+    simulate_ordered(topo, costs, placement, call, calls, &mut |s, o| orderer.order(s, o))
 }
 
-/// [`simulate`] with the orderings of each step made by `order`.
+/// [`simulate_calls`] with the orderings of each step made by `order`.
 pub(crate) fn simulate_ordered(
     topo: &Topology,
     costs: &CostModel,
     placement: &[usize],
     call: &Call,
+    calls: usize,
     order: &mut dyn FnMut(&Step, &mut Orders) -> Result<(), String>,
 ) -> Result<Outcome, String> {
     let mut table = Table::new();
@@ -148,7 +165,9 @@ pub(crate) fn simulate_ordered(
         .map(|r| {
             let p = algo::build(call.kind, call.algo, r, placement, call.root, &call.shape)
                 .map_err(|e| e.to_string())?;
-            table.add(&p, (r, placement.len()), call.esize, order)
+            // The same steps again for each call: messages between two ranks pair up in
+            // program order across calls, as the executor's do.
+            Ok(table.add(&p, (r, placement.len()), call.esize, order)?.repeat(calls.max(1)))
         })
         .collect::<Result<Vec<_>, String>>()?;
     Sim::new(topo, costs, placement, table, progs).run()
@@ -472,6 +491,10 @@ impl<'a> Sim<'a> {
                     }
                 }
                 let t = self.now + m.lat;
+                // The sender has put its first segment out: what follows its send segment by
+                // segment may start (it runs until the flow ends, so the operation is current).
+                let (src, send_op) = (m.src, m.send_op);
+                self.at(self.now, Ev::Segment { rank: src, op: send_op });
                 self.msgs[msg].first_segment = Some(t);
                 if let Some(j) = self.msgs[msg].recv_op {
                     let dst = self.msgs[msg].dst;
@@ -520,16 +543,36 @@ impl<'a> Sim<'a> {
         self.at(end, Ev::End { rank: r, op: j });
     }
 
-    /// The receive matched with message `m` has it all: it ends after combining.
+    /// The receive matched with message `m` has it all: it ends after combining, and no
+    /// earlier than one segment's fold after what it follows segment by segment.
     fn receive(&mut self, m: usize) {
         let (r, Some(j)) = (self.msgs[m].dst, self.msgs[m].recv_op) else { return };
         let op = self.op(r, j);
-        let combine = match op.kind {
-            Kind::Recv { reduce: true } => op.bytes * self.costs.shm.gamma,
+        let gamma = match op.kind {
+            Kind::Recv { reduce: true } => self.costs.shm.gamma,
             _ => 0.0,
         };
-        let t = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + combine;
-        self.at(t, Ev::End { rank: r, op: j });
+        let mut end = self.msgs[m].arrived.unwrap_or(self.now).max(self.now) + op.bytes * gamma;
+        let last = op.bytes.min(SEGMENT) * gamma;
+        let ri = r as usize;
+        let mut held = false;
+        for &(i, how) in self.table.pairs(self.cur(r), op.deps) {
+            if how == Follow::Segments {
+                let src = self.runs[ri][i as usize];
+                if src.state == State::Done {
+                    end = end.max(src.end + last);
+                } else {
+                    held = true;
+                }
+            }
+        }
+        if held {
+            // Ends when what it follows has ended (`end` below), if it has arrived by then.
+            self.runs[ri][j as usize].held = Some(last);
+            self.runs[ri][j as usize].end = end;
+        } else {
+            self.at(end, Ev::End { rank: r, op: j });
+        }
         // Sent, arrived and received: its slot is free unless a probe is pending.
         self.msgs[m].received = true;
         if !self.msgs[m].probing {
@@ -555,14 +598,25 @@ impl<'a> Sim<'a> {
         run.state = State::Done;
         run.end = self.now;
         self.release(r, j, false);
-        // Forwarding sends held for this operation end one segment later.
+        // Operations held for this one (and for nothing else still running) end one
+        // segment later.
         let id = self.cur(r);
         let rev = self.op(r, j).rev;
         for idx in rev.0..rev.1 {
             let k = self.table.pairs(id, (idx, idx + 1))[0].0 as usize;
+            let deps = self.op(r, k as u32).deps;
+            let pending =
+                self.table.pairs(id, deps).iter().any(|&(i, how)| {
+                    how == Follow::Segments && self.runs[ri][i as usize].state != State::Done
+                });
+            if pending {
+                continue;
+            }
             if let Some(last) = self.runs[ri][k].held {
+                // No earlier than its own end as far as it got (a receive's arrival and fold).
+                let own = self.runs[ri][k].end;
                 self.runs[ri][k].held = None;
-                self.at(self.now + last, Ev::End { rank: r, op: k as u32 });
+                self.at((self.now + last).max(own), Ev::End { rank: r, op: k as u32 });
             }
         }
         self.left[ri] -= 1;
@@ -582,9 +636,9 @@ impl<'a> Sim<'a> {
             let (k, how) = self.table.pairs(id, (idx, idx + 1))[0];
             let k = k as usize;
             let op = self.op(r, k as u32);
-            // A send forwarding what arrives is released by the first segment; anything
-            // else waits for the end (and must not be released twice).
-            let forwards = how == Follow::Segments && matches!(op.kind, Kind::Send);
+            // A send or receive following segment by segment is released by the first
+            // segment; anything else waits for the end (and must not be released twice).
+            let forwards = how == Follow::Segments && !matches!(op.kind, Kind::Copy);
             if segment != forwards {
                 if !segment && forwards && self.runs[ri][j as usize].seg_ready.is_none() {
                     // Ended before a first segment was seen (a short message): release now.

@@ -40,5 +40,5 @@ mod table;
 pub mod timeline;
 pub mod topology;
 
-pub use engine::{Call, Outcome, simulate};
+pub use engine::{Call, Outcome, simulate, simulate_calls};
 pub use topology::Topology;

@@ -341,7 +341,7 @@ mod tests {
                         for topo in &topos {
                             let (mut orderer, mut count) = (Orderer::default(), [0, 0]);
                             let mut run = |full: bool| {
-                                simulate_ordered(topo, &costs, hosts, &call, &mut |s, o| {
+                                simulate_ordered(topo, &costs, hosts, &call, 1, &mut |s, o| {
                                     if full { o.full(s) } else { orderer.order(s, o) }?;
                                     count[usize::from(full)] += o.pairs.len();
                                     Ok(())

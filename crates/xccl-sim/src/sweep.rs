@@ -8,7 +8,7 @@ use xccl::algo::tune::{self, CostModel, LinkClass, LinkCost};
 use xccl::algo::{self, Algorithm, Shape};
 use xccl::schedule::Op;
 
-use crate::engine::{Call, Outcome, simulate};
+use crate::engine::{Call, Outcome, simulate, simulate_calls};
 use crate::topology::Topology;
 
 /// Flows the fluid model may re-rate in one simulation: beyond this an algorithm is skipped,
@@ -34,7 +34,9 @@ pub struct Row {
 
 /// Simulates every algorithm of `kind` that runs on this layout (or those of `only`) at
 /// every size of `sizes` (bytes per rank, f32 elements), ranks placed on hosts by
-/// `placement`.
+/// `placement`. With `calls` above 1, each rank makes that many calls back to back (as a
+/// benchmark's loop does) and a row's time is a call's in that loop: the time of all the
+/// calls less that of one alone, over the calls after the first ([`per_call`]).
 pub fn sweep(
     topo: &Topology,
     costs: &CostModel,
@@ -42,6 +44,7 @@ pub fn sweep(
     kind: CollKind,
     only: Option<&[Algorithm]>,
     sizes: &[usize],
+    calls: usize,
 ) -> Vec<Row> {
     let n = placement.len();
     let mut rows = Vec::new();
@@ -52,18 +55,31 @@ pub fn sweep(
                 continue;
             }
             let t0 = Instant::now();
-            let outcome = affordable(kind, algo, placement, &shape).and_then(|()| {
-                simulate(
-                    topo,
-                    costs,
-                    placement,
-                    &Call { kind, algo, root: 0, shape: shape.clone(), esize: 4 },
-                )
-            });
+            let call = Call { kind, algo, root: 0, shape: shape.clone(), esize: 4 };
+            let outcome = affordable(kind, algo, placement, &shape)
+                .and_then(|()| per_call(topo, costs, placement, &call, calls));
             rows.push(Row { algo, bytes, outcome, wall: t0.elapsed().as_secs_f64() });
         }
     }
     rows
+}
+
+/// One call of `call` as it runs among `calls` made back to back: a single call's outcome
+/// (its messages, the bytes on each link) with the time a call adds to the loop, `(T(calls)
+/// - T(1)) / (calls - 1)`; for `calls` of 1, the single call's.
+pub fn per_call(
+    topo: &Topology,
+    costs: &CostModel,
+    placement: &[usize],
+    call: &Call,
+    calls: usize,
+) -> Result<Outcome, String> {
+    let one = simulate(topo, costs, placement, call)?;
+    if calls <= 1 {
+        return Ok(one);
+    }
+    let all = simulate_calls(topo, costs, placement, call, calls)?;
+    Ok(Outcome { time: (all.time - one.time) / (calls - 1) as f64, ..one })
 }
 
 /// The layout of `kind` moving `bytes` per rank in f32 elements (a barrier moves none).

@@ -6,7 +6,7 @@ use xccl::algo::tune::{CostModel, LinkCost};
 use xccl::algo::{Algorithm, Shape};
 use xccl_sim::engine::SEGMENT;
 use xccl_sim::sweep::sweep;
-use xccl_sim::{Call, Topology, simulate};
+use xccl_sim::{Call, Topology, simulate, simulate_calls};
 
 /// No reduce or copy cost, `alpha` per message.
 fn model(alpha: f64) -> CostModel {
@@ -125,6 +125,48 @@ fn a_pipelined_chain_pays_one_segment_per_hop_plus_the_message() {
 }
 
 #[test]
+fn a_chain_in_a_loop_adds_one_message_time_per_call() {
+    // Back to back, the root starts the next broadcast as soon as its send is out, while
+    // the ranks down the chain still forward the last: the loop's links stay busy, and each
+    // call adds S/B, not the single call's (n-1)·(hop + seg/B) + (S - seg)/B.
+    let (hop, bw, n) = (1e-6, 10e9, 8);
+    let count = (16.0 * SEGMENT / 4.0) as usize;
+    let c = call(CollKind::Broadcast, Algorithm::Chain, Shape::Count(count));
+    let run = |calls| {
+        simulate_calls(&Topology::ring(n, bw, hop), &model(0.0), &one_per_host(n), &c, calls).unwrap().time
+    };
+    let s = 4.0 * count as f64;
+    let one = (n as f64 - 1.0) * (hop + SEGMENT / bw) + (s - SEGMENT) / bw;
+    close(run(1), one, "one call");
+    for calls in [2, 5] {
+        close(run(calls), one + (calls - 1) as f64 * s / bw, &format!("{calls} calls"));
+    }
+}
+
+#[test]
+fn a_root_folds_and_sends_back_segment_by_segment() {
+    // reduce_broadcast on a star, a rank per host, nothing charged but the links: the
+    // root's folds follow one another and its sends follow the last fold segment by
+    // segment (the rule's Segments), so the results start down its link once the first
+    // segment of every message is in, (n-1)·seg/B, and take (n-1)·S/B sharing it; the
+    // whole exchange one way then the other would take 2(n-1)·S/B.
+    let bw = 10e9;
+    for n in [2usize, 3, 5] {
+        let count = (8.0 * SEGMENT / 4.0) as usize;
+        let t = simulate(
+            &Topology::star(n, bw, 0.0),
+            &model(0.0),
+            &one_per_host(n),
+            &call(CollKind::AllReduce, Algorithm::ReduceBroadcast, Shape::Count(count)),
+        )
+        .unwrap()
+        .time;
+        let s = 4.0 * count as f64;
+        close(t, (n as f64 - 1.0) * (s + SEGMENT) / bw, &format!("reduce_broadcast n={n}"));
+    }
+}
+
+#[test]
 fn an_oversubscribed_fat_tree_halves_the_rate_across_leaves() {
     // Pairwise all-to-all on a leaf-spine of 4 leaves × 2 hosts: every round has a pair
     // across leaves, and with uplinks at half the host rate each such round takes twice as
@@ -165,7 +207,7 @@ fn every_algorithm_of_every_collective_finishes_on_64_ranks() {
     let topo = Topology::fat_tree(8, 3, 2.0, 32, 12.5e9, 0.5e-6).unwrap();
     let placement: Vec<usize> = (0..64).map(|r| r / 2).collect();
     for kind in xccl::CollKind::COLLECTIVES.iter() {
-        let rows = sweep(&topo, &CostModel::default(), &placement, *kind, None, &[4096, 1 << 22]);
+        let rows = sweep(&topo, &CostModel::default(), &placement, *kind, None, &[4096, 1 << 22], 1);
         for row in rows {
             let out = row.outcome.unwrap_or_else(|e| panic!("{kind} by {}: {e}", row.algo));
             assert!(out.time > 0.0 || *kind == CollKind::Barrier, "{kind} by {} took no time", row.algo);
@@ -222,7 +264,8 @@ fn a_host_memory_faster_than_the_clock_can_tell_still_finishes() {
     let (done, got) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let topo = Topology::star(2, bw, 0.0);
-        let rows = sweep(&topo, &costs, &[0, 0, 1, 1], CollKind::AllReduce, None, &[1024, 1 << 20, 64 << 20]);
+        let rows =
+            sweep(&topo, &costs, &[0, 0, 1, 1], CollKind::AllReduce, None, &[1024, 1 << 20, 64 << 20], 1);
         let _ = done.send(rows);
     });
     let rows = got.recv_timeout(std::time::Duration::from_secs(120)).expect("the simulations finish");
