@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Placement, Regime};
+use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Placement};
 use xccl::algo::{Algorithm, Shape};
 use xccl::bootstrap::Rendezvous;
 use xccl::{CollKind, Communicator, Config, DType, ReduceOp};
@@ -366,8 +366,8 @@ fn parse_records(files: &[PathBuf]) -> xccl::Result<Vec<Record>> {
 }
 
 /// Which efficiency each fitted factor pair belongs to: every (collective, algorithm,
-/// regime) of the records.
-type Keys = Vec<(CollKind, Algorithm, Regime)>;
+/// crowded) of the records.
+type Keys = Vec<(CollKind, Algorithm, bool)>;
 
 /// Weight of the pull of every efficiency factor towards 1 (in squared log units): where
 /// the measurements say little about a factor, it stays near the plain model.
@@ -386,8 +386,8 @@ fn to_params(m: &CostModel, keys: &Keys) -> Vec<f64> {
         p.extend([c.alpha * 1e6, 1e-9 / c.beta, 1e-9 / c.gamma, 1e-9 / c.delta].map(f64::ln));
     }
     p.push((m.switch * 1e6).max(1e-3).ln());
-    for &(kind, algo, regime) in keys {
-        let (l, b) = m.factors(kind, algo, regime);
+    for &(kind, algo, crowded) in keys {
+        let (l, b) = m.factors(kind, algo, crowded);
         p.extend([l.ln(), b.ln()]);
     }
     p
@@ -398,10 +398,10 @@ fn from_params(p: &[f64], keys: &Keys) -> CostModel {
     let efficiency = keys
         .iter()
         .enumerate()
-        .map(|(k, &(kind, algo, regime))| Efficiency {
+        .map(|(k, &(kind, algo, crowded))| Efficiency {
             kind,
             algo,
-            regime,
+            crowded,
             latency: p[13 + 2 * k].exp(),
             bandwidth: p[14 + 2 * k].exp(),
         })
@@ -440,8 +440,8 @@ fn error(records: &[Record], p: &[f64], start: &[f64], keys: &Keys) -> f64 {
 /// classes and hand-off that moved (per class alpha, beta, gamma, delta; then the hand-off)
 /// and the remaining weighted squared log error of the predictions.
 fn fit_model(records: &[Record], start: &CostModel) -> (CostModel, Vec<bool>, f64) {
-    let mut keys: Keys = records.iter().map(|r| (r.kind, r.algo, r.costing.regime())).collect();
-    keys.sort_by_key(|&(k, a, g)| (k as u8, a as u8, g));
+    let mut keys: Keys = records.iter().map(|r| (r.kind, r.algo, r.crowded)).collect();
+    keys.sort_by_key(|&(k, a, c)| (k as u8, a as u8, c));
     keys.dedup();
     let mut used = vec![false; 13 + 2 * keys.len()];
     for r in records {

@@ -59,48 +59,19 @@ impl LinkCost {
     }
 }
 
-/// Where a layout runs, for its algorithms' efficiencies: they differ in kind between ranks
-/// that share a host's memory and ranks that talk through sockets, so factors fitted on one
-/// never stand for the other.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Regime {
-    /// One host, a core per rank (`spread` in a tuning file).
-    Spread,
-    /// One host with more ranks than cores (`crowded`).
-    Crowded,
-    /// Ranks on several hosts (`hosts`): the built-in constants have no factors for it, so
-    /// such layouts are priced by the plain model until `xccl tune` fits some on them.
-    Hosts,
-}
-
-impl Regime {
-    /// The regime's word in a tuning file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Regime::Spread => "spread",
-            Regime::Crowded => "crowded",
-            Regime::Hosts => "hosts",
-        }
-    }
-
-    fn named(s: &str) -> Option<Regime> {
-        [Regime::Spread, Regime::Crowded, Regime::Hosts].into_iter().find(|r| r.name() == s)
-    }
-}
-
 /// How one algorithm's implementation of one collective runs compared with what the cost
 /// of its schedule says: factors on the latency terms (`alpha`, hand-offs, forwarding hops)
-/// and on the bandwidth terms (`beta`, `gamma`, `delta`), per [`Regime`]. They capture what
-/// a schedule's counts cannot: how much of a step's traffic really overlaps, how caches
-/// fare, how ranks that share cores interleave.
+/// and on the bandwidth terms (`beta`, `gamma`, `delta`), on hosts with a core per rank or
+/// on crowded ones. They capture what a schedule's counts cannot: how much of a step's
+/// traffic really overlaps, how caches fare, how ranks that share cores interleave.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct Efficiency {
     /// The collective.
     pub kind: CollKind,
     /// The algorithm.
     pub algo: Algorithm,
-    /// Where it was measured.
-    pub regime: Regime,
+    /// For hosts with more ranks than cores.
+    pub crowded: bool,
     /// Factor on the latency terms.
     pub latency: f64,
     /// Factor on the bandwidth terms.
@@ -172,7 +143,7 @@ impl CostModel {
 
     /// This model with the settings of a tuning file (`name` names it in errors). Lines:
     /// `link CLASS ALPHA_US BETA_GBPS GAMMA_GBPS DELTA_GBPS`, `switch US`,
-    /// `efficiency COLLECTIVE ALGORITHM spread|crowded|hosts LATENCY BANDWIDTH`,
+    /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`,
     /// `protocol PROTOCOL LATENCY BANDWIDTH`; `#` starts a comment.
     pub fn with_text(mut self, name: &str, text: &str) -> Result<CostModel> {
         for (no, raw) in text.lines().enumerate() {
@@ -203,13 +174,16 @@ impl CostModel {
                     if !Algorithm::for_collective(kind).contains(&algo) {
                         return Err(bad(&format!("{kind} has no {algo} algorithm")));
                     }
-                    let regime =
-                        Regime::named(regime).ok_or_else(|| bad("the regime is spread, crowded or hosts"))?;
+                    let crowded = match regime {
+                        "spread" => false,
+                        "crowded" => true,
+                        _ => return Err(bad("the regime is spread or crowded")),
+                    };
                     let (Some(latency), Some(bandwidth)) = (num(lat), num(bw)) else {
                         return Err(bad("factors must be positive numbers"));
                     };
-                    self.efficiency.retain(|e| (e.kind, e.algo, e.regime) != (kind, algo, regime));
-                    self.efficiency.push(Efficiency { kind, algo, regime, latency, bandwidth });
+                    self.efficiency.retain(|e| (e.kind, e.algo, e.crowded) != (kind, algo, crowded));
+                    self.efficiency.push(Efficiency { kind, algo, crowded, latency, bandwidth });
                 }
                 ["protocol", name, lat, bw] => {
                     let proto: Protocol = name.parse().map_err(|e: Error| bad(&e.to_string()))?;
@@ -247,11 +221,11 @@ impl CostModel {
             out += &format!("protocol {p} {lat:.4} {bw:.4}\n");
         }
         for e in &self.efficiency {
+            let regime = if e.crowded { "crowded" } else { "spread" };
             out += &format!(
-                "efficiency {} {} {} {:.4} {:.4}\n",
+                "efficiency {} {} {regime} {:.4} {:.4}\n",
                 e.kind.name(),
                 e.algo,
-                e.regime.name(),
                 e.latency,
                 e.bandwidth
             );
@@ -259,12 +233,11 @@ impl CostModel {
         out
     }
 
-    /// The efficiency factors (latency, bandwidth) of `algo` running `kind` in `regime` (1
-    /// where the model has none).
-    pub fn factors(&self, kind: CollKind, algo: Algorithm, regime: Regime) -> (f64, f64) {
+    /// The efficiency factors (latency, bandwidth) of `algo` running `kind`.
+    pub fn factors(&self, kind: CollKind, algo: Algorithm, crowded: bool) -> (f64, f64) {
         self.efficiency
             .iter()
-            .find(|e| (e.kind, e.algo, e.regime) == (kind, algo, regime))
+            .find(|e| (e.kind, e.algo, e.crowded) == (kind, algo, crowded))
             .map_or((1.0, 1.0), |e| (e.latency, e.bandwidth))
     }
 
@@ -307,7 +280,7 @@ mod tests {
         assert_eq!(again.protocols, reference.protocols);
         assert_eq!(reference.protocol_factors(Protocol::Ll).0, 0.6);
         for (a, b) in again.efficiency.iter().zip(&reference.efficiency) {
-            assert_eq!((a.kind, a.algo, a.regime), (b.kind, b.algo, b.regime));
+            assert_eq!((a.kind, a.algo, a.crowded), (b.kind, b.algo, b.crowded));
             assert!(close(a.latency, b.latency) && close(a.bandwidth, b.bandwidth));
         }
     }
@@ -319,7 +292,7 @@ mod tests {
             ("link shm 1 2 -3 4", "positive"),
             ("efficiency all_reduce teleport spread 1 1", "teleport"),
             ("efficiency broadcast ring spread 1 1", "no ring"),
-            ("efficiency all_reduce ring sideways 1 1", "spread, crowded or hosts"),
+            ("efficiency all_reduce ring sideways 1 1", "spread or crowded"),
             ("switch x", "microseconds"),
             ("# fine\nbogus", "line 2"),
         ] {

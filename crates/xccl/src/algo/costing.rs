@@ -8,7 +8,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::tune::{CostModel, Placement, Regime};
+use super::tune::{CostModel, Placement};
 use super::{Algorithm, Shape, build};
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -68,7 +68,6 @@ pub struct Costing {
     kind: CollKind,
     algo: Algorithm,
     crowded: bool,
-    regime: Regime,
 }
 
 impl Costing {
@@ -83,13 +82,6 @@ impl Costing {
     ) -> Result<Costing> {
         let n = place.hosts.len();
         let crowded = place.crowding().iter().any(|c| *c > 1.0);
-        let regime = if place.hosts.iter().any(|&h| h != place.hosts[0]) {
-            Regime::Hosts
-        } else if crowded {
-            Regime::Crowded
-        } else {
-            Regime::Spread
-        };
         let mut c = Costing {
             place: place.clone(),
             steps: Vec::new(),
@@ -99,7 +91,6 @@ impl Costing {
             kind,
             algo,
             crowded,
-            regime,
         };
         let mut index: FxHashMap<Box<[Priced]>, u32> = FxHashMap::default();
         let mut scratch = Scratch::default();
@@ -136,14 +127,9 @@ impl Costing {
         self.crowded
     }
 
-    /// Where the layout runs, for the efficiencies.
-    pub fn regime(&self) -> Regime {
-        self.regime
-    }
-
     /// The predicted time under `model`, in seconds.
     pub fn time(&self, model: &CostModel) -> f64 {
-        let weights = model.factors(self.kind, self.algo, self.regime);
+        let weights = model.factors(self.kind, self.algo, self.crowded);
         self.cost(model, weights)
     }
 

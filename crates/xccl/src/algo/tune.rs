@@ -17,13 +17,6 @@
 //! hand-off of the core (`switch`), so with crowded hosts algorithms whose ranks wait for
 //! fewer messages win.
 //!
-//! How far each algorithm's executor is from its formula (`Efficiency`) is kept per
-//! collective, algorithm and `Regime`: on one host with a core per rank, on a crowded host,
-//! across hosts. The built-in factors come from one host's shared memory, where a pull or a
-//! cache changes what a byte costs; between hosts they would mislead (they made recursive
-//! doubling look cheapest on four hosts at every size), so a layout across hosts uses the
-//! plain formula unless a tuning file fitted on such a layout gives factors of its own.
-//!
 //! Everything the prediction uses (the collective, its size, the ranks and which of them
 //! share a host, the constants) is the same on every rank, never a rank-local timing, so all
 //! ranks choose alike. The constants default to values measured on the project's reference
@@ -34,7 +27,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-pub use super::cost_model::{CostModel, Efficiency, LinkClass, LinkCost, Regime};
+pub use super::cost_model::{CostModel, Efficiency, LinkClass, LinkCost};
 pub use super::costing::Costing;
 use super::{Algorithm, Shape};
 use crate::coll::CollKind;
@@ -189,37 +182,13 @@ mod tests {
         let slow = Efficiency {
             kind: CollKind::AllReduce,
             algo: base.algo,
-            regime: Regime::Spread,
+            crowded: false,
             latency: 1.0,
             bandwidth: 10.0,
         };
         let m2 = CostModel { efficiency: vec![slow], ..m };
         let other = rank(&m2, &place(8), CollKind::AllReduce, 0, &count, 4).unwrap();
         assert_ne!(other.algo, base.algo, "{other}");
-    }
-
-    #[test]
-    fn efficiencies_price_only_the_regime_they_were_fitted_in() {
-        // The ring ten times slower on one host's memory: a layout across hosts keeps the
-        // plain model's price until factors of its own say otherwise.
-        let slowed = |regime| Efficiency {
-            kind: CollKind::AllReduce,
-            algo: Algorithm::Ring,
-            regime,
-            latency: 1.0,
-            bandwidth: 10.0,
-        };
-        let hosts = Placement::new(vec![0, 0, 1, 1], vec![2; 4], LinkClass::Shm, LinkClass::Tcp);
-        let count = Shape::Count(4 << 20);
-        let ring = |m: &CostModel, place: &Placement| {
-            predict(m, place, CollKind::AllReduce, Algorithm::Ring, 0, &count, 4).unwrap()
-        };
-        let in_host = CostModel { efficiency: vec![slowed(Regime::Spread)], ..plain() };
-        assert!(ring(&in_host, &place(4)) > 5.0 * ring(&plain(), &place(4)));
-        assert_eq!(ring(&in_host, &hosts), ring(&plain(), &hosts));
-        let across = CostModel { efficiency: vec![slowed(Regime::Hosts)], ..plain() };
-        assert!(ring(&across, &hosts) > 5.0 * ring(&plain(), &hosts));
-        assert_eq!(ring(&across, &place(4)), ring(&plain(), &place(4)));
     }
 
     #[test]
