@@ -34,12 +34,13 @@ pub enum Error {
         rank: usize,
         /// How long it waited without progress.
         secs: f64,
-        /// Which ranks were not heard from, which were not reading, and (where the ranks
-        /// share a store) which rank the waiting leads to.
+        /// Which ranks were not heard from, which were not reading, (where the ranks share
+        /// a store) which rank the waiting leads to, and which peers aborted meanwhile.
         detail: String,
-        /// The ranks found silent: those the chain of waiting ranks leads to, which did not
+        /// The ranks to blame: first where a failure that a peer reported meanwhile began,
+        /// then the silent ranks, those the chain of waiting ranks leads to which did not
         /// time out in turn (empty if none was found).
-        silent: Vec<usize>,
+        blamed: Vec<usize>,
     },
     /// A peer disappeared: its process died or its connection closed.
     #[error("{op}: lost rank {peer}: {detail}")]
@@ -152,7 +153,7 @@ impl Error {
             Error::PeerLost { peer, .. } | Error::Protocol { peer, .. } => Some(*peer),
             Error::RemoteAbort { origin, .. } => Some(*origin),
             Error::Cancelled { rank, .. } => Some(*rank),
-            Error::Timeout { silent, .. } => silent.first().copied(),
+            Error::Timeout { blamed, .. } => blamed.first().copied(),
             Error::Aborted(inner) => inner.culprit(),
             _ => None,
         }
@@ -160,6 +161,6 @@ impl Error {
 }
 
 /// How an abort reached this rank, when it was relayed.
-fn relay(peer: usize, origin: usize) -> String {
+pub(crate) fn relay(peer: usize, origin: usize) -> String {
     if peer == origin { String::new() } else { format!(" (heard from rank {peer})") }
 }

@@ -264,3 +264,56 @@ fn a_peer_that_does_not_read_for_longer_than_the_link_timeout_is_not_lost() {
         assert!(g.as_ref().is_ok_and(|&ok| ok), "rank {r}: {g:?}");
     }
 }
+
+#[test]
+fn a_rank_that_times_out_reports_a_failure_its_peers_heard_of_meanwhile() {
+    // Rank 2 waits for rank 1, which stays silent. Meanwhile rank 0, which had sent rank 2 a
+    // message rank 2 has not read, fails: its farewell lies behind that message. Rank 2's
+    // timeout must say where the failure began, not only whom it waited for.
+    let config = Config { timeout: Duration::from_millis(1500), ..Config::default() };
+    let errs = on_tcp_ranks(3, config, |c| match c.rank() {
+        0 => {
+            c.send(&[7u32; 1000], 2, 5).unwrap();
+            c.abort("disk on fire").unwrap();
+            let _ = c.barrier();
+            None
+        }
+        1 => {
+            std::thread::sleep(Duration::from_secs(5));
+            None
+        }
+        _ => {
+            let mut v = [0u32; 4];
+            Some(c.recv(&mut v, 1, 9).unwrap_err())
+        }
+    });
+    let e = errs.into_iter().flatten().next().unwrap();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Timeout { .. }), "{msg}");
+    assert!(msg.contains("meanwhile rank 0 failed") && msg.contains("disk on fire"), "{msg}");
+    assert_eq!(e.culprit(), Some(0), "{msg}");
+}
+
+#[test]
+fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
+    // Rank 0 aborts while both ranks stream 32 MiB to each other. It must not close with the
+    // peer's bytes unread (a reset can overtake its farewell), and the peer, in the middle
+    // of one of rank 0's frames, must find the farewell behind it.
+    for round in 0..5 {
+        let errs = on_tcp_ranks(2, test_config(), |c| {
+            let input = vec![c.rank() as f32; 16 << 20];
+            let mut output = vec![0f32; 16 << 20];
+            std::thread::scope(|s| {
+                if c.rank() == 0 {
+                    s.spawn(|| {
+                        std::thread::sleep(Duration::from_millis(10));
+                        c.abort("disk on fire").unwrap();
+                    });
+                }
+                c.all_to_all(&input, &mut output).err()
+            })
+        });
+        let msg = errs[1].as_ref().map_or_else(|| "no error".to_string(), |e| e.to_string());
+        assert!(msg.contains("disk on fire"), "round {round}: {msg}");
+    }
+}

@@ -5,13 +5,17 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::reading::Inbound;
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, relay};
 use crate::frame::OpDesc;
 use crate::stall;
 use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
+
+/// How long a failing rank reads what its peers still send after its farewell, at most...
+const LINGER: Duration = Duration::from_millis(500);
+/// ...and once they have sent nothing for this long.
+const LINGER_QUIET: Duration = Duration::from_millis(50);
 
 /// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
 pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
@@ -88,7 +92,14 @@ impl Engine {
                 reason: format!("rank {}: {other}", self.rank),
             },
         };
-        self.links.close_all(&farewell, &mid, Duration::ZERO);
+        self.links.close_all(&farewell, &mid, ABORT_PATIENCE);
+        self.links.linger(LINGER_QUIET, Instant::now() + LINGER);
+    }
+
+    /// Looks whether `peer` has ended its side, wherever its stream stands (the rest of a
+    /// frame being read is skipped: this rank is failing and will not use it).
+    fn probe(&mut self, peer: usize) {
+        self.links.probe(peer, self.peers[peer].inbound.within());
     }
 
     /// Writes the rest of every half-written outgoing frame, until `deadline`. Frames on
@@ -163,9 +174,7 @@ impl Engine {
     pub(super) fn explain(&mut self, e: Error) -> Error {
         let Error::PeerLost { op, peer, detail } = e else { return e };
         // The broken link may still hold the peer's last word, unread.
-        if matches!(self.peers[peer].inbound, Inbound::Idle) {
-            self.links.probe(peer);
-        }
+        self.probe(peer);
         if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer) {
             return Error::RemoteAbort { op, peer, origin: *origin, reason: reason.clone() };
         }
@@ -184,7 +193,7 @@ impl Engine {
     /// The error of a step that made no progress for `idle_for`: which peers were silent and
     /// which did not read, and, if the ranks share a board, which rank the waiting leads to
     /// (`crate::stall`).
-    pub(super) fn timeout_error(&self, run: &StepRun<'_>, idle_for: Duration) -> Error {
+    pub(super) fn timeout_error(&mut self, run: &StepRun<'_>, idle_for: Duration) -> Error {
         let mut silent = Vec::new();
         let mut deaf = Vec::new();
         let mut waits_for = Vec::new();
@@ -224,7 +233,27 @@ impl Engine {
             detail += &format!("; {}", verdict.describe());
             blamed = verdict.silent();
         }
-        Error::Timeout { op: run.op(), rank: self.rank, secs: idle_for.as_secs_f64(), detail, silent: blamed }
+        // A peer may have failed meanwhile, elsewhere: its farewell says where the failure
+        // began, though frames this rank did not read yet come before it.
+        let mut origins = Vec::new();
+        for peer in 0..self.nranks {
+            self.probe(peer);
+            if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer)
+                && !origins.contains(origin)
+            {
+                detail += &format!("; meanwhile rank {origin} failed{}: {reason}", relay(peer, *origin));
+                origins.push(*origin);
+            }
+        }
+        blamed.retain(|r| !origins.contains(r));
+        origins.extend(blamed);
+        Error::Timeout {
+            op: run.op(),
+            rank: self.rank,
+            secs: idle_for.as_secs_f64(),
+            detail,
+            blamed: origins,
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::frame::{Farewells, OpDesc};
 use crate::protocol::ProtocolPolicy;
 use crate::reduce::ReduceOp;
 use crate::transport::tcp::LastWords;
-use crate::transport::{Closed, Farewell, Link, Links};
+use crate::transport::{Closed, Farewell, Link, Links, Within};
 
 /// The communicator id in every scenario.
 const COMM: u64 = 0x00f0_22ed;
@@ -331,7 +331,7 @@ impl Link for Replay {
         self.chunk == 0 && self.len - self.at >= bytes
     }
 
-    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+    fn hangup(&mut self, _at: Within<'_>) -> io::Result<Option<Closed>> {
         Ok(Some(Farewells { comm: COMM }.read(self.rest())))
     }
 
@@ -405,7 +405,7 @@ impl Link for PipeEnd {
         self.inc.lock().unwrap_or_else(PoisonError::into_inner).queue.len() >= bytes
     }
 
-    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+    fn hangup(&mut self, _at: Within<'_>) -> io::Result<Option<Closed>> {
         let mut p = self.inc.lock().unwrap_or_else(PoisonError::into_inner);
         let closed = p.closed;
         Ok(closed.then(|| Farewells { comm: COMM }.read(p.queue.make_contiguous())))

@@ -6,8 +6,8 @@
 use std::io;
 
 use crate::frame::{ACK_LEN, HEADER_LEN, Header, PULL_LEN};
-use crate::transport::Link;
 use crate::transport::pull::Pull;
+use crate::transport::{Link, Within};
 
 /// Where the payload of an incoming frame goes.
 #[derive(Copy, Clone, Debug)]
@@ -84,6 +84,20 @@ pub(super) enum Control {
     Pushed { header: Header },
     /// The peer grants this rank where to write a message it owes the peer in the next step.
     Grant { header: Header },
+}
+
+impl Inbound {
+    /// Where the stream stands: how much of the frame being read is still to come.
+    pub(super) fn within(&self) -> Within<'_> {
+        match self {
+            Inbound::Header { buf, have } => Within { head: &buf[..*have], rest: 0 },
+            Inbound::Payload { remaining, pad, .. } => Within { head: &[], rest: remaining + pad },
+            Inbound::Pad { remaining } => Within { head: &[], rest: *remaining },
+            Inbound::Control { what, have, .. } => Within { head: &[], rest: what.len() - have },
+            // Pulled and pushed payloads are not in the stream.
+            Inbound::Idle | Inbound::Pulling { .. } | Inbound::Pushing { .. } => Within::BOUNDARY,
+        }
+    }
 }
 
 impl Control {

@@ -6,7 +6,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use crate::transport::{Closed, Farewell, Link};
+use crate::transport::{Closed, Farewell, Link, Within};
 
 /// A link whose writes and reads go as far as a script says; or one that fails them all.
 pub(super) struct Scripted {
@@ -94,7 +94,7 @@ impl Link for Scripted {
         1 << 20
     }
 
-    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+    fn hangup(&mut self, _at: Within<'_>) -> io::Result<Option<Closed>> {
         Ok(None)
     }
 

@@ -14,7 +14,7 @@ use crate::transport::doorbell::Doorbell;
 use crate::transport::ll::{LL_MAX_BYTES, LL_WORDS};
 use crate::transport::pull::Pull;
 use crate::transport::ring::{PeerStatus, RingControl, RingHost, RingLink, RingMem, RingRx, RingTx};
-use crate::transport::{Farewell, Link, LlRecv};
+use crate::transport::{Farewell, Link, LlRecv, Within};
 
 /// Bytes in each ring: small, so that scripts wrap around it.
 const CAP: usize = 256;
@@ -213,7 +213,7 @@ pub(super) fn run(data: &[u8]) {
                 let _ = ours.room_for(n);
             }
             13 => {
-                let _ = ours.hangup();
+                let _ = ours.hangup(Within::BOUNDARY);
             }
             14 => {
                 let n = s.u16() % buf.len();

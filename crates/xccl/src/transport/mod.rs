@@ -22,7 +22,7 @@ pub(crate) use ll::LlRecv;
 use std::io::{self, IoSlice};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 
@@ -43,6 +43,22 @@ pub(crate) enum Closed {
     },
     /// It vanished without a word (process killed, connection reset).
     Vanished(String),
+}
+
+/// Where the incoming stream of a link stands, for [`Link::hangup`]: how much of the frame
+/// being read is still to come.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Within<'a> {
+    /// The bytes of a frame header read so far, when its header is incomplete (the
+    /// frame's length is in the rest of it).
+    pub head: &'a [u8],
+    /// Bytes of the current frame (payload, padding) the link has not handed out yet.
+    pub rest: usize,
+}
+
+impl Within<'_> {
+    /// Between two frames.
+    pub const BOUNDARY: Within<'static> = Within { head: &[], rest: 0 };
 }
 
 /// The payload of the I/O error a memory link returns when its peer aborted, so that the
@@ -120,9 +136,10 @@ pub(crate) trait Link: Send {
     }
 
     /// Whether the peer has ended its side and how, or `None` while it is open. Data the
-    /// peer sent before it ended stays readable. Call only at a frame boundary of the
-    /// incoming stream (a socket link hands what is left to its stream's `LastWords`).
-    fn hangup(&mut self) -> io::Result<Option<Closed>>;
+    /// peer sent before it ended stays readable. `at` says where the incoming stream stands
+    /// ([`Within::BOUNDARY`] between frames): a socket link skips the rest of the current
+    /// frame and hands what follows to its stream's `LastWords`.
+    fn hangup(&mut self, at: Within<'_>) -> io::Result<Option<Closed>>;
 
     /// Says `farewell` (abort notices only if `at_boundary`, i.e. no outgoing frame is half
     /// written) and closes this side, waiting at most `patience` for room to say it.
@@ -211,9 +228,9 @@ pub(crate) struct Memory {
     /// Each rank's index in `host`, for the ranks on memory links (and this one).
     index: Vec<Option<usize>>,
     /// When this rank last moved to another core (see [`idle`]).
-    moved: Option<std::time::Instant>,
+    moved: Option<Instant>,
     /// When this rank last looked whether the host's ranks are spread over its cores.
-    looked: Option<std::time::Instant>,
+    looked: Option<Instant>,
     /// The cores this rank may use (when it was made).
     cores: usize,
     /// How many threads of the system are runnable ([`idle::runnable`]; tests set their own).
@@ -293,7 +310,7 @@ pub(crate) struct Links {
     /// Pidfds of the processes behind memory links: readable once the process has exited.
     pidfds: Vec<(usize, usize, OwnedFd)>,
     /// When memory links' processes were last checked.
-    checked: std::time::Instant,
+    checked: Instant,
 }
 
 impl Links {
@@ -322,7 +339,7 @@ impl Links {
                     .map(|fd| (peer, idx, fd))
             })
             .collect();
-        Ok(Links { rank, links, gone, memory, event, bridge, pidfds, checked: std::time::Instant::now() })
+        Ok(Links { rank, links, gone, memory, event, bridge, pidfds, checked: Instant::now() })
     }
 
     /// A waker for this rank's waits.
@@ -343,11 +360,11 @@ impl Links {
         self.gone.get(peer).and_then(Option::as_ref)
     }
 
-    /// Looks at once whether `peer` has ended its side, and records how. Only at a frame
-    /// boundary of the incoming stream (see [`Link::hangup`]).
-    pub fn probe(&mut self, peer: usize) {
+    /// Looks at once whether `peer` has ended its side, and records how; `at` is where its
+    /// incoming stream stands (see [`Link::hangup`]).
+    pub fn probe(&mut self, peer: usize, at: Within<'_>) {
         if self.gone.get(peer).is_some_and(Option::is_none) {
-            if let Some(Ok(Some(how))) = self.links[peer].as_mut().map(|l| l.hangup()) {
+            if let Some(Ok(Some(how))) = self.links[peer].as_mut().map(|l| l.hangup(at)) {
                 self.gone[peer] = Some(how);
             }
         }
@@ -438,7 +455,7 @@ impl Links {
                 m.host.status(idx).set_vanished(&reason);
             }
         }
-        self.checked = std::time::Instant::now();
+        self.checked = Instant::now();
     }
 
     /// Blocks until a link in `want` may be ready, a peer ends its side, or `timeout` passes;
@@ -535,7 +552,7 @@ impl Links {
             if self.gone[peer].is_some() || !idle || (link.fd().is_some() && !hung_up.contains(&peer)) {
                 continue;
             }
-            let how = match link.hangup() {
+            let how = match link.hangup(Within::BOUNDARY) {
                 Ok(Some(how)) => how,
                 Ok(None) => continue,
                 // The socket itself failed (its host stopped answering, say): the peer is
@@ -548,15 +565,48 @@ impl Links {
         Ok(newly)
     }
 
-    /// Says `farewell` on every link and closes them; `mid_frame[peer]` marks links with a
-    /// half-written outgoing frame, where no notice can be inserted.
+    /// Says `farewell` on every link and closes them, waiting at most `patience` in all for
+    /// room to say it; `mid_frame[peer]` marks links with a half-written outgoing frame,
+    /// where no notice can be inserted.
     pub fn close_all(&mut self, farewell: &Farewell, mid_frame: &[bool], patience: Duration) {
+        let deadline = Instant::now() + patience;
         for (peer, link) in self.links.iter_mut().enumerate() {
             if let Some(link) = link {
-                link.close(farewell, !mid_frame.get(peer).copied().unwrap_or(false), patience);
+                let left = deadline.saturating_duration_since(Instant::now());
+                link.close(farewell, !mid_frame.get(peer).copied().unwrap_or(false), left);
             }
         }
         self.bridge = None;
+    }
+
+    /// After [`Links::close_all`], reads what the peers still send on socket links until
+    /// each has ended its side, none has sent anything for `quiet`, or `deadline` passes.
+    /// Closing a socket with bytes unread resets the connection, and a reset can reach a
+    /// peer before the farewell that tells it why this rank left.
+    pub fn linger(&mut self, quiet: Duration, deadline: Instant) {
+        let mut open: Vec<usize> = (0..self.links.len()).collect();
+        loop {
+            open.retain(|&peer| {
+                let Some(link) = self.links[peer].as_mut() else { return false };
+                link.fd().is_some() && matches!(link.hangup(Within::BOUNDARY), Ok(None))
+            });
+            let left = deadline.saturating_duration_since(Instant::now());
+            if open.is_empty() || left.is_zero() {
+                return;
+            }
+            let borrowed: Vec<BorrowedFd<'_>> =
+                open.iter().filter_map(|&p| self.links[p].as_ref().and_then(|l| l.fd())).collect();
+            let mut fds: Vec<PollFd<'_>> =
+                borrowed.iter().map(|fd| PollFd::new(fd, PollFlags::IN | PollFlags::RDHUP)).collect();
+            let wait = left.min(quiet);
+            let ts = rustix::time::Timespec {
+                tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            if matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(0)) {
+                return;
+            }
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::doorbell::Doorbell;
 use super::ll::{LL_MAX_BYTES, LlChannel, LlRecv, LlRx, LlTx};
 use super::pull::Pull;
-use super::{Closed, Farewell, Link, PeerAborted};
+use super::{Closed, Farewell, Link, PeerAborted, Within};
 
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
@@ -454,7 +454,7 @@ impl Link for RingLink {
         self.host.pull(self.peer, self.me).is_some()
     }
 
-    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+    fn hangup(&mut self, _at: Within<'_>) -> io::Result<Option<Closed>> {
         Ok(self.peer_gone())
     }
 

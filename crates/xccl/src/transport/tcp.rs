@@ -14,10 +14,12 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags, Shutdown, sockopt};
 
-use super::{Closed, Farewell, Link};
+use super::{Closed, Farewell, Link, Within};
 
 /// Bytes staged for one reducing read.
 const STAGE: usize = 256 << 10;
+/// How long an abort notice waits for room that does not come before it is given up.
+const ABORT_STALL: Duration = Duration::from_millis(50);
 /// The most a closed peer's leftover stream may hold (a socket buffer's worth, generously).
 const MAX_LEFTOVER: usize = 64 << 20;
 
@@ -141,8 +143,9 @@ impl TcpLink {
         Ok(TcpLink { src, stage: vec![0u64; STAGE / 8], staged: 0, words, max_frame, liveness })
     }
 
-    /// Writes all of `bytes` within `patience`, waiting for room.
-    fn write_fully(&mut self, bytes: &[u8], patience: Duration) -> io::Result<()> {
+    /// Writes all of `bytes` within `patience`, waiting for room; gives up when none came
+    /// for `stall`.
+    fn write_fully(&mut self, bytes: &[u8], patience: Duration, stall: Duration) -> io::Result<()> {
         let deadline = Instant::now() + patience;
         let mut done = 0;
         while done < bytes.len() {
@@ -153,10 +156,15 @@ impl TcpLink {
                 if left.is_zero() {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "no room to say goodbye"));
                 }
-                let ts =
-                    rustix::time::Timespec { tv_sec: 0, tv_nsec: left.subsec_nanos().max(1_000_000) as i64 };
+                let wait = left.min(stall).max(Duration::from_millis(1));
+                let ts = rustix::time::Timespec {
+                    tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
+                    tv_nsec: i64::from(wait.subsec_nanos()),
+                };
                 let mut fds = [PollFd::new(&self.src.sock, PollFlags::OUT)];
-                let _ = rustix::event::poll(&mut fds, Some(&ts));
+                if matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(0)) && wait == stall {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer is not reading"));
+                }
             }
         }
         Ok(())
@@ -250,23 +258,153 @@ impl Link for TcpLink {
         self.max_frame
     }
 
-    fn hangup(&mut self) -> io::Result<Option<Closed>> {
+    fn hangup(&mut self, at: Within<'_>) -> io::Result<Option<Closed>> {
         if !self.src.drain()? {
             return Ok(None);
         }
-        Ok(Some(self.words.read(&self.src.leftover[self.src.leftover_at..])))
+        let left = &self.src.leftover[self.src.leftover_at..];
+        // The current frame's bytes still in the stream (a reducing read holds some staged).
+        let Some(after) = left.get(at.rest.saturating_sub(self.staged)..) else {
+            return Ok(Some(Closed::Vanished("connection closed in the middle of a frame".into())));
+        };
+        if at.head.is_empty() {
+            return Ok(Some(self.words.read(after)));
+        }
+        let mut rest = at.head.to_vec();
+        rest.extend_from_slice(after);
+        Ok(Some(self.words.read(&rest)))
     }
 
     fn close(&mut self, farewell: &Farewell, at_boundary: bool, patience: Duration) {
         if at_boundary {
             let bytes = self.words.say(farewell);
-            // An abort is said in passing; a goodbye is worth waiting a little for.
-            let wait = if *farewell == Farewell::Goodbye { patience } else { Duration::ZERO };
-            let _ = self.write_fully(&bytes, wait);
+            // A goodbye waits for a peer still busy elsewhere; an abort is said to peers that
+            // read (one that stopped must not hold this rank's exit up).
+            let stall = if *farewell == Farewell::Goodbye { patience } else { ABORT_STALL };
+            let _ = self.write_fully(&bytes, patience, stall);
         }
         let _ = rustix::net::shutdown(&self.src.sock, Shutdown::Write);
         // Read what is already here, so closing does not reset the connection under a peer
         // that is still reading our last bytes.
         let _ = self.src.drain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::frame::{Farewells, FrameKind, HEADER_LEN, Header, pad_for};
+    use crate::transport::Links;
+
+    const COMM: u64 = 7;
+
+    /// Two ends of one loopback connection, framed as the executor frames its streams.
+    fn pair() -> (TcpLink, TcpLink) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        let link = |s| {
+            TcpLink::new(s, Box::new(Farewells { comm: COMM }), 1 << 20, Duration::from_secs(30)).unwrap()
+        };
+        (link(a), link(b))
+    }
+
+    /// A data frame of `len` payload bytes, padded.
+    fn data_frame(len: usize) -> Vec<u8> {
+        let mut bytes = Header::control(FrameKind::Data, COMM, len).encode().to_vec();
+        bytes.extend((0..len + pad_for(len)).map(|i| i as u8));
+        bytes
+    }
+
+    fn abort() -> Farewell {
+        Farewell::Abort { origin: 3, reason: "rank 2: lost rank 3".into() }
+    }
+
+    fn read_exactly(link: &mut TcpLink, n: usize) {
+        let mut buf = vec![0u8; n];
+        let mut got = 0;
+        while got < n {
+            got += link.read(&mut buf[got..]).unwrap();
+        }
+    }
+
+    /// Waits until `link`'s peer has hung up, reading it from where `at` says.
+    fn ended(link: &mut TcpLink, at: Within<'_>) -> Closed {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(how) = link.hangup(at).unwrap() {
+                return how;
+            }
+            assert!(Instant::now() < deadline, "the peer never hung up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_farewell_behind_a_frame_being_read_is_found() {
+        let len = 1001;
+        for (read, at_header) in [(HEADER_LEN + 100, false), (10, true), (HEADER_LEN + len, false)] {
+            let (mut a, mut b) = pair();
+            a.write_fully(&data_frame(len), Duration::from_secs(5), Duration::from_secs(5)).unwrap();
+            a.write_fully(&data_frame(24), Duration::from_secs(5), Duration::from_secs(5)).unwrap();
+            a.close(&abort(), true, Duration::from_secs(1));
+            // `b` has read part of the first frame: its header, or some of it.
+            let mut head = [0u8; HEADER_LEN];
+            let mut got = 0;
+            while got < read.min(HEADER_LEN) {
+                got += b.read(&mut head[got..read.min(HEADER_LEN)]).unwrap();
+            }
+            read_exactly(&mut b, read.saturating_sub(HEADER_LEN));
+            let at = if at_header {
+                Within { head: &head[..read], rest: 0 }
+            } else {
+                Within { head: &[], rest: HEADER_LEN + len + pad_for(len) - read }
+            };
+            let how = ended(&mut b, at);
+            assert_eq!(
+                how,
+                Closed::Aborted { origin: 3, reason: "rank 2: lost rank 3".into() },
+                "read {read}"
+            );
+            // Read as if between frames, the rest of the frame is taken for a header.
+            if read > HEADER_LEN && read < HEADER_LEN + len {
+                assert!(matches!(ended(&mut b, Within::BOUNDARY), Closed::Vanished(_)));
+            }
+        }
+    }
+
+    #[test]
+    fn an_abort_to_a_peer_that_does_not_read_is_given_up_soon() {
+        // A stopped peer must not hold a failing rank's exit up for the whole patience.
+        let (mut a, _b) = pair();
+        let frame = data_frame(64 << 10);
+        while a.write(&[IoSlice::new(&frame)]).unwrap() > 0 {}
+        let start = Instant::now();
+        a.close(&abort(), true, Duration::from_secs(5));
+        assert!(start.elapsed() < Duration::from_millis(2500), "waited {:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_rank_that_aborts_reads_what_its_peers_still_send_so_they_read_its_farewell() {
+        // `b` aborts while `a` is still sending it more than the sockets hold: had `b` closed
+        // with those bytes unread, the connection would be reset and `a`'s send would fail
+        // before `a` read why.
+        let (mut a, b) = pair();
+        let mut links = Links::new(1, vec![Some(Box::new(b) as Box<dyn Link>), None], None).unwrap();
+        links.close_all(&abort(), &[false, false], Duration::from_secs(1));
+        let closer = std::thread::spawn(move || {
+            links.linger(Duration::from_secs(1), Instant::now() + Duration::from_secs(10));
+            drop(links);
+        });
+        let frame = data_frame(1 << 20);
+        for _ in 0..16 {
+            a.write_fully(&frame, Duration::from_secs(10), Duration::from_secs(10)).unwrap();
+        }
+        a.close(&Farewell::Goodbye, true, Duration::from_secs(1));
+        closer.join().unwrap();
+        let how = ended(&mut a, Within::BOUNDARY);
+        assert!(matches!(how, Closed::Aborted { origin: 3, .. }), "{how:?}");
     }
 }
