@@ -161,6 +161,6 @@ impl Error {
 }
 
 /// How an abort reached this rank, when it was relayed.
-pub(crate) fn relay(peer: usize, origin: usize) -> String {
+fn relay(peer: usize, origin: usize) -> String {
     if peer == origin { String::new() } else { format!(" (heard from rank {peer})") }
 }

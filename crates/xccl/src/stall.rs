@@ -80,14 +80,19 @@ impl Verdict {
         match self {
             Verdict::Silent { silent, waiting } => {
                 let who = list(silent);
-                let verb = if silent.len() == 1 { "is" } else { "are" };
+                let (is, they, waits, them) = if silent.len() == 1 {
+                    ("is", "it", "waits", "it")
+                } else {
+                    ("are", "they", "wait", "them")
+                };
                 if waiting.is_empty() {
                     format!(
-                        "{who} {verb} silent (stopped, or stuck outside xccl): it did not say whom it waits for"
+                        "{who} {is} silent (stopped, or stuck outside xccl): {they} did not say whom {they} {waits} for"
                     )
                 } else {
+                    let wait = if waiting.len() == 1 { "waits" } else { "wait" };
                     format!(
-                        "{who} {verb} silent (stopped, or stuck outside xccl): {} wait for it in turn",
+                        "{who} {is} silent (stopped, or stuck outside xccl): {} {wait} for {them} in turn",
                         list(waiting)
                     )
                 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::task::{Act, StepRun};
 use super::{ABORT_PATIENCE, Engine};
-use crate::error::{Error, Result, relay};
+use crate::error::{Error, Result};
 use crate::frame::OpDesc;
 use crate::stall;
 use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
@@ -241,7 +241,11 @@ impl Engine {
             if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer)
                 && !origins.contains(origin)
             {
-                detail += &format!("; meanwhile rank {origin} failed{}: {reason}", relay(peer, *origin));
+                detail += &if peer == *origin {
+                    format!("; meanwhile rank {peer} failed: {reason}")
+                } else {
+                    format!("; meanwhile rank {peer} aborted, naming rank {origin}: {reason}")
+                };
                 origins.push(*origin);
             }
         }
