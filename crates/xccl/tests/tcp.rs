@@ -296,9 +296,11 @@ fn a_rank_that_times_out_reports_a_failure_its_peers_heard_of_meanwhile() {
 
 #[test]
 fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
-    // Rank 0 aborts while both ranks stream 32 MiB to each other. It must not close with the
-    // peer's bytes unread (a reset can overtake its farewell), and the peer, in the middle
-    // of one of rank 0's frames, must find the farewell behind it.
+    // Rank 0 aborts in the middle of an exchange of 32 MiB each way, its socket full (rank 1
+    // joins later), and rank 1 then streams its half while rank 0 leaves. Rank 0 must say
+    // its farewell once rank 1 reads, and must not close with rank 1's bytes unread (a reset
+    // can overtake the farewell); rank 1, in the middle of one of rank 0's frames, must find
+    // the farewell behind it.
     for round in 0..5 {
         let errs = on_tcp_ranks(2, test_config(), |c| {
             let input = vec![c.rank() as f32; 16 << 20];
@@ -306,9 +308,11 @@ fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
             std::thread::scope(|s| {
                 if c.rank() == 0 {
                     s.spawn(|| {
-                        std::thread::sleep(Duration::from_millis(10));
+                        std::thread::sleep(Duration::from_millis(20));
                         c.abort("disk on fire").unwrap();
                     });
+                } else {
+                    std::thread::sleep(Duration::from_millis(60));
                 }
                 c.all_to_all(&input, &mut output).err()
             })
@@ -316,4 +320,31 @@ fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
         let msg = errs[1].as_ref().map_or_else(|| "no error".to_string(), |e| e.to_string());
         assert!(msg.contains("disk on fire"), "round {round}: {msg}");
     }
+}
+
+#[test]
+fn a_rank_that_times_out_does_not_blame_itself_for_a_peer_that_took_it_for_silent() {
+    // Rank 0 waits for rank 1, and gives up before rank 1 has timed out in turn: rank 1,
+    // which waits for the silent rank 2, has not posted yet, so rank 0 names rank 1 and
+    // leaves. When rank 1 times out it reads that farewell; it must still blame rank 2.
+    let config = Config { timeout: Duration::from_millis(1000), ..Config::default() };
+    let errs = on_tcp_ranks(3, config, |c| {
+        let mut v = [0u32; 4];
+        match c.rank() {
+            0 => Some(c.recv(&mut v, 1, 9).unwrap_err()),
+            1 => {
+                std::thread::sleep(Duration::from_millis(1200));
+                Some(c.recv(&mut v, 2, 9).unwrap_err())
+            }
+            _ => {
+                std::thread::sleep(Duration::from_secs(6));
+                None
+            }
+        }
+    });
+    let (first, second) = (errs[0].as_ref().unwrap(), errs[1].as_ref().unwrap());
+    assert_eq!(first.culprit(), Some(1), "{first}");
+    let msg = second.to_string();
+    assert!(matches!(second, Error::Timeout { .. }), "{msg}");
+    assert_eq!(second.culprit(), Some(2), "{msg}");
 }

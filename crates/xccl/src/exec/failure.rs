@@ -14,8 +14,9 @@ use crate::transport::{Closed, Farewell, Interest, PeerAborted, explain_io};
 
 /// How long a failing rank reads what its peers still send after its farewell, at most...
 const LINGER: Duration = Duration::from_millis(500);
-/// ...and once they have sent nothing for this long.
-const LINGER_QUIET: Duration = Duration::from_millis(50);
+/// ...and once they have sent nothing for this long (a peer busy elsewhere for a moment
+/// still reads the farewell before this rank's side is gone).
+const LINGER_QUIET: Duration = Duration::from_millis(200);
 
 /// A link's I/O error: the peer aborted (memory links say so and why), or it was lost.
 pub(super) fn lost(op: String, peer: usize, e: std::io::Error) -> Error {
@@ -234,11 +235,13 @@ impl Engine {
             blamed = verdict.silent();
         }
         // A peer may have failed meanwhile, elsewhere: its farewell says where the failure
-        // began, though frames this rank did not read yet come before it.
+        // began, though frames this rank did not read yet come before it. (One that names
+        // this rank took it for silent before it timed out in turn: it is not the origin.)
         let mut origins = Vec::new();
         for peer in 0..self.nranks {
             self.probe(peer);
             if let Some(Closed::Aborted { origin, reason }) = self.links.gone(peer)
+                && *origin != self.rank
                 && !origins.contains(origin)
             {
                 detail += &if peer == *origin {
