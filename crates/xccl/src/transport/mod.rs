@@ -514,10 +514,7 @@ impl Links {
             for (_, _, fd) in &self.pidfds {
                 fds.push(PollFd::new(fd, PollFlags::IN));
             }
-            let ts = rustix::time::Timespec {
-                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
+            let ts = timespec(timeout);
             match rustix::event::poll(&mut fds, Some(&ts)) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
@@ -599,15 +596,17 @@ impl Links {
             let mut fds: Vec<PollFd<'_>> =
                 borrowed.iter().map(|fd| PollFd::new(fd, PollFlags::IN | PollFlags::RDHUP)).collect();
             let wait = left.min(quiet);
-            let ts = rustix::time::Timespec {
-                tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
-                tv_nsec: i64::from(wait.subsec_nanos()),
-            };
+            let ts = timespec(wait);
             if matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(0)) {
                 return;
             }
         }
     }
+}
+
+/// `d` as a `poll` timeout (saturating: no wait here is anywhere near the limit).
+pub(crate) fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec::try_from(d).unwrap_or(rustix::time::Timespec { tv_sec: i64::MAX, tv_nsec: 0 })
 }
 
 /// A link's I/O error in words, saying what a timed-out socket means.

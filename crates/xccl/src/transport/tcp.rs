@@ -14,7 +14,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags, Shutdown, sockopt};
 
-use super::{Closed, Farewell, Link, Within};
+use super::{Closed, Farewell, Link, Within, timespec};
 
 /// Bytes staged for one reducing read.
 const STAGE: usize = 256 << 10;
@@ -153,11 +153,7 @@ impl TcpLink {
                 if left.is_zero() {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "no room to say goodbye"));
                 }
-                let wait = left.max(Duration::from_millis(1));
-                let ts = rustix::time::Timespec {
-                    tv_sec: wait.as_secs().min(i64::MAX as u64) as i64,
-                    tv_nsec: i64::from(wait.subsec_nanos()),
-                };
+                let ts = timespec(left.max(Duration::from_millis(1)));
                 let mut fds = [PollFd::new(&self.src.sock, PollFlags::OUT)];
                 let _ = rustix::event::poll(&mut fds, Some(&ts));
             }
