@@ -128,9 +128,13 @@ class Campaign:
         env = dict(os.environ, LOGDIR=trial_dir, XCCL_TIMEOUT=str(self.a.timeout),
                    XCCL_FLIGHT_DIR=os.path.join(trial_dir, "flight"))
         shm_before = shm_files()
+        # A session of its own: were the job in the campaign's process group, the exit of
+        # whatever started the campaign (a shell that left it running in the background)
+        # would orphan that group, and the kernel would then send SIGCONT to a stopped rank.
         launch = subprocess.Popen(["bash", CLUSTER, "launch", self.name, "--ranks-per-host",
                                    str(self.a.ranks_per_host), "--port", str(port), "--"] + cmd,
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
         # Wait for every rank, then a random moment into its work.
         t0 = time.monotonic()
         pids = {}

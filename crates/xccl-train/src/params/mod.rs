@@ -15,8 +15,10 @@ use crate::error::{Error, Result};
 
 mod chunks;
 pub mod grad;
+mod lent;
 pub use chunks::Chunks;
 pub use grad::Grad;
+pub use lent::Lent;
 
 /// How a parameter is divided over the tensor-parallel group.
 ///
@@ -625,27 +627,6 @@ impl ParamSet {
             f(s)?;
         }
         Ok(())
-    }
-
-    /// Sets the parameters whose elements are `at .. at + values.len()` of this rank's flat
-    /// vector (whole parameters only) from `values`.
-    pub fn write_range(&self, at: usize, values: &[f32]) -> Result<()> {
-        self.each_whole(at..at + values.len(), |s| {
-            s.param.set(&values[s.range().start - at..s.range().end - at])
-        })
-    }
-
-    /// Lends the parameters whose elements are `at .. at + values.len()` of this rank's
-    /// flat vector (whole parameters only) their pieces of `values`, which becomes one
-    /// tensor: each parameter holds a view of it ([`Param::lend`]), no element is copied,
-    /// and the buffer is freed once every view is released or replaced.
-    pub fn lend_range(&self, at: usize, values: Vec<f32>) -> Result<()> {
-        let n = values.len();
-        let flat = Tensor::from_vec(values, n, &candle_core::Device::Cpu)?;
-        self.each_whole(at..at + n, |s| {
-            let r = s.range();
-            s.param.lend(flat.narrow(0, r.start - at, r.len())?.reshape(s.shape.as_slice())?)
-        })
     }
 
     /// Sets every parameter from `flat` (as [`read`](Self::read) returns it).

@@ -3,8 +3,9 @@
 //! freed right after. While block `k` computes, the
 //! parameters of the block that runs next are already being gathered (prefetch), so at most
 //! two blocks' full parameters exist at a time (three with a tied head, which also needs
-//! the embedding's), and the buffers of finished gathers are kept for the next ones (one
-//! per size of unit).
+//! the embedding's). A gather's buffer is lent to the parameters as it is (no copy) and
+//! taken back when they are freed, for the next gather of a unit of its size: its memory
+//! is allocated once, not once per fetch.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,7 @@ use super::UnitWork;
 use super::layout::ShardLayout;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::params::Chunks;
+use crate::params::{Chunks, Lent};
 
 /// Gathers and frees the parameters of the blocks of one rank's model. Its methods take the
 /// [`ShardLayout`] it was made for and this rank's shard of the parameters, one chunk per
@@ -29,8 +30,8 @@ pub(crate) struct Gatherer<'a> {
     needs: Vec<Vec<usize>>,
     /// Gathers in flight, by unit.
     in_flight: BTreeMap<usize, UnitWork>,
-    /// Units whose full parameters are in the model now.
-    resident: Vec<bool>,
+    /// Units whose full parameters are in the model now: the buffer lent to them.
+    resident: Vec<Option<Lent>>,
     /// Most full elements resident or in flight at once (the working set), this step.
     pub peak: usize,
     /// Buffers of finished gathers (the whole), kept for the next ones: a fresh buffer costs
@@ -59,14 +60,14 @@ impl<'a> Gatherer<'a> {
             model,
             needs,
             in_flight: BTreeMap::new(),
-            resident: vec![false; layout.units().len()],
+            resident: (0..layout.units().len()).map(|_| None).collect(),
             peak: 0,
             spare: Vec::new(),
         }
     }
 
     fn launch(&mut self, layout: &ShardLayout, shard: &mut Chunks, u: usize) {
-        if self.resident[u] || self.in_flight.contains_key(&u) {
+        if self.resident[u].is_some() || self.in_flight.contains_key(&u) {
             return;
         }
         let unit = &layout.units()[u];
@@ -82,46 +83,39 @@ impl<'a> Gatherer<'a> {
     fn note_working_set(&mut self, layout: &ShardLayout) {
         let units = layout.units();
         let held: usize = (0..units.len())
-            .filter(|u| self.resident[*u] || self.in_flight.contains_key(u))
+            .filter(|u| self.resident[*u].is_some() || self.in_flight.contains_key(u))
             .map(|u| units[u].range.len())
             .sum();
         self.peak = self.peak.max(held);
     }
 
-    /// Puts unit `u`'s full parameters into the model (waiting for its gather).
+    /// Puts unit `u`'s full parameters into the model (waiting for its gather): the
+    /// gathered buffer lent to them.
     fn materialise(&mut self, layout: &ShardLayout, shard: &mut Chunks, u: usize) -> Result<()> {
-        if self.resident[u] {
+        if self.resident[u].is_some() {
             return Ok(());
         }
         self.launch(layout, shard, u);
         let work = self.in_flight.remove(&u).ok_or_else(|| Error::internal("gather lost"))?;
         let (mine, full) = work.wait()?;
         shard.put(u, mine)?;
-        self.model.params().write_range(layout.units()[u].range.start, &full)?;
-        self.resident[u] = true;
-        self.spare.push(full);
+        self.resident[u] = Some(self.model.params().lend_range(layout.units()[u].range.start, full)?);
         Ok(())
     }
 
     /// Frees every parameter (between steps, or after a failure).
-    pub fn release_all(&mut self, layout: &ShardLayout) -> Result<()> {
+    pub fn release_all(&mut self) -> Result<()> {
         for u in 0..self.resident.len() {
-            self.release(layout, u)?;
+            self.release(u)?;
         }
         Ok(())
     }
 
-    fn release(&mut self, layout: &ShardLayout, u: usize) -> Result<()> {
-        if !self.resident[u] {
-            return Ok(());
+    /// Frees unit `u`'s parameters, its buffer kept for the next gather.
+    fn release(&mut self, u: usize) -> Result<()> {
+        if let Some(lent) = self.resident[u].take() {
+            self.spare.push(self.model.params().take_back(lent)?);
         }
-        let range = layout.units()[u].range.clone();
-        for slot in self.model.params().slots() {
-            if range.contains(&slot.offset) {
-                slot.param.release()?;
-            }
-        }
-        self.resident[u] = false;
         Ok(())
     }
 
@@ -158,9 +152,9 @@ impl<'a> Gatherer<'a> {
     }
 
     /// Block `k` is done with its parameters: freed.
-    pub fn evict(&mut self, layout: &ShardLayout, k: usize) -> Result<()> {
+    pub fn evict(&mut self, k: usize) -> Result<()> {
         for u in self.needs[k].clone() {
-            self.release(layout, u)?;
+            self.release(u)?;
         }
         Ok(())
     }

@@ -50,7 +50,7 @@ use crate::dcp::Snapshot;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::optim::Optimizer;
-use crate::params::{Chunks, ParamSet, Shard};
+use crate::params::{Chunks, Lent, ParamSet, Shard};
 use crate::run::{Context, Start};
 use crate::strategy::{Begin, Final, Reduced, Strategy};
 use crate::trace::{Kind, Trace};
@@ -90,6 +90,9 @@ pub(crate) struct Zero<'a> {
     gatherer: Option<Gatherer<'a>>,
     /// Stage 3: the most full parameter elements present at once in any step.
     working_set: usize,
+    /// Stages 1 and 2: per unit, the buffer its last gather lent to the parameters, taken
+    /// back for its next gather.
+    lent: Vec<Option<Lent>>,
 }
 
 impl<'a> Zero<'a> {
@@ -133,6 +136,7 @@ impl<'a> Zero<'a> {
             reducer,
             gatherer,
             working_set: 0,
+            lent: Vec::new(),
         })
     }
 }
@@ -168,7 +172,7 @@ impl Strategy for Zero<'_> {
 
     fn after_block(&mut self, k: usize) -> Result<()> {
         match &mut self.gatherer {
-            Some(g) => g.evict(&self.layout, k),
+            Some(g) => g.evict(k),
             None => Ok(()),
         }
     }
@@ -180,7 +184,7 @@ impl Strategy for Zero<'_> {
     fn reduce(&mut self, cx: &Context, grads: &mut Chunks, loss: f64, trace: &mut Trace) -> Result<Reduced> {
         if let Some(g) = &mut self.gatherer {
             g.drain(&mut self.shard_params)?;
-            g.release_all(&self.layout)?;
+            g.release_all()?;
             self.working_set = self.working_set.max(g.peak);
         }
         // The pipeline's shared parameters are summed between stages on the full local
@@ -200,7 +204,7 @@ impl Strategy for Zero<'_> {
         let (layout, optimizer, dp) = (&self.layout, &mut self.optimizer, self.dp);
         match self.stage {
             3 => step_shard(layout, optimizer, &mut self.shard_params, shard_grads),
-            _ => step_and_gather(dp, set, layout, optimizer, shard_grads),
+            _ => step_and_gather(dp, set, layout, optimizer, shard_grads, &mut self.lent),
         }
     }
 
@@ -245,38 +249,50 @@ fn step_shard(
 }
 
 /// Stages 1 and 2: the optimiser's step over this rank's slices of the model's parameters,
-/// every block's updated slices all-gathered into them, two blocks in flight.
+/// every block's updated slices all-gathered into them, two blocks in flight. Each gather
+/// lends its buffer to the parameters (`lent`, per unit); the next step's gather of the
+/// unit takes it back once this rank's slices are read from it (nothing reads the unit's
+/// parameters until that gather lends it again).
 fn step_and_gather(
     dp: &Communicator,
     set: &ParamSet,
     layout: &ShardLayout,
     optimizer: &mut Optimizer,
     shard_grads: &[f32],
+    lent: &mut Vec<Option<Lent>>,
 ) -> Result<()> {
+    lent.resize_with(layout.units().len(), || None);
     optimizer.begin_step();
     let mut gathers = VecDeque::new();
     for (u, unit) in layout.units().iter().enumerate() {
         let sr = layout.shard_range(u);
         let mut mine = set.read_range(layout.owned(u))?;
         optimizer.update(sr.start, &mut mine, &shard_grads[sr])?;
-        gathers.push_back((
-            unit.range.start,
-            dp.all_gather_v_async(mine, vec![0.0; unit.range.len()], &unit.counts),
-        ));
+        let full = match lent[u].take() {
+            Some(old) => set.take_back(old)?,
+            None => vec![0.0; unit.range.len()],
+        };
+        gathers.push_back((u, dp.all_gather_v_async(mine, full, &unit.counts)));
         while gathers.len() > 2 {
-            write_back(set, gathers.pop_front())?;
+            write_back(set, layout, lent, gathers.pop_front())?;
         }
     }
     while !gathers.is_empty() {
-        write_back(set, gathers.pop_front())?;
+        write_back(set, layout, lent, gathers.pop_front())?;
     }
     Ok(())
 }
 
-fn write_back(set: &ParamSet, gather: Option<(usize, UnitWork)>) -> Result<()> {
-    let (at, work) = gather.ok_or_else(|| Error::internal("no gather to wait for"))?;
+fn write_back(
+    set: &ParamSet,
+    layout: &ShardLayout,
+    lent: &mut [Option<Lent>],
+    gather: Option<(usize, UnitWork)>,
+) -> Result<()> {
+    let (u, work) = gather.ok_or_else(|| Error::internal("no gather to wait for"))?;
     let (_, full) = work.wait()?;
-    set.lend_range(at, full)
+    lent[u] = Some(set.lend_range(layout.units()[u].range.start, full)?);
+    Ok(())
 }
 
 /// What this rank writes to a checkpoint: its slices of the parameters (stage 3: of
