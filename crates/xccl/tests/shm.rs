@@ -24,7 +24,7 @@ fn on_hosts_with<R: Send>(
     f: impl Fn(&Communicator) -> R + Sync,
 ) -> Vec<R> {
     let n = hosts.len();
-    let auth = Auth::new(format!("shm-test-{}-{}", std::process::id(), hosts.join("")), "s").unwrap();
+    let auth = Auth::new(unique_job(&format!("shm-test-{}", hosts.join(""))), "s").unwrap();
     let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
     let addr = store.addr().to_string();
     std::thread::scope(|s| {

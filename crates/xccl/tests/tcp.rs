@@ -27,7 +27,7 @@ fn rendezvous(rank: usize, size: usize, store: &str, auth: &Auth) -> Rendezvous 
 
 /// Runs `f` on `n` ranks connected over TCP through a fresh store.
 fn on_tcp_ranks<R: Send>(n: usize, config: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
-    let auth = Auth::new(format!("tcp-test-{n}-{}", std::process::id()), "secret").unwrap();
+    let auth = Auth::new(unique_job(&format!("tcp-test-{n}")), "secret").unwrap();
     let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
     let addr = store.addr().to_string();
     std::thread::scope(|s| {

@@ -315,7 +315,10 @@ impl Model {
         let mut saved = Vec::with_capacity(n);
         let mut x = ids.clone();
         for (k, b) in self.blocks.iter().enumerate() {
-            residency.fetch(k, (k + 1 < n).then_some(k + 1))?;
+            // The last block's backward comes right after the loss: its parameters stay,
+            // and those of the block whose backward follows are fetched meanwhile.
+            let last = k + 1 == n;
+            residency.fetch(k, if last { k.checked_sub(1) } else { Some(k + 1) })?;
             let name = || format!("fwd {}", b.name());
             let (y, kept) = match graph {
                 Graph::Whole => (trace.span(name, || b.forward(&x))?, None),
@@ -326,7 +329,7 @@ impl Model {
                 }
             };
             // Nothing kept for backward holds a parameter (but a [`Graph::Whole`] graph).
-            if graph != Graph::Whole {
+            if graph != Graph::Whole && !last {
                 residency.evict(k)?;
             }
             inputs.push(std::mem::replace(&mut x, y));

@@ -18,7 +18,8 @@
 //!    Stages 2 and 3 do so after *every* micro-batch and free the block's full gradient:
 //!    each rank accumulates only its slice. Stage 3 also gathers each block's parameters
 //!    (`all_gather_v`) just before it runs and frees them after (`gather::Gatherer`),
-//!    prefetching the next block's: after its forward, and again after its backward. What
+//!    prefetching the next block's: after its forward, and again after its backward (the
+//!    last block's stay from its forward to its backward, which follows the loss). What
 //!    a block keeps between the two ([`Block::forward_saved`](crate::model::Block::forward_saved))
 //!    holds no parameter, so its forward need not run again (as PyTorch's FSDP2 frees
 //!    parameters by resizing their storage under autograd); recomputation

@@ -46,6 +46,15 @@ pub fn test_config() -> Config {
     Config { timeout: Duration::from_secs(30), ..Config::default() }
 }
 
+/// A job name no other job of this test process has: a rank's process counts the worlds it
+/// joins per job and rank (the k-th gets the k-th key space in the store), so two tests
+/// that ran at once under one name could give the ranks of one world different counts.
+pub fn unique_job(what: &str) -> String {
+    static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{what}-{}-{k}", std::process::id())
+}
+
 /// Runs `f` on every rank of a fresh local group of `n`, each on its own thread.
 pub fn on_ranks<R: Send>(n: usize, config: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
     let comms = Communicator::local_with(n, config).expect("local group");
