@@ -25,8 +25,14 @@ fn rendezvous(rank: usize, size: usize, store: &str, auth: &Auth) -> Rendezvous 
     }
 }
 
-/// Runs `f` on `n` ranks connected over TCP through a fresh store.
+/// Runs `f` on `n` ranks connected over TCP through a fresh store, one such world at a time:
+/// the failure tests use timeouts of a second or less and peers that join, read or leave
+/// a few tens of milliseconds apart, which other tests' ranks competing for the cores (a
+/// 64 MiB exchange, 128 MiB streamed) could stretch beyond what they test.
 fn on_tcp_ranks<R: Send>(n: usize, config: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed while holding it leaves it poisoned; the next one may still run.
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let auth = Auth::new(unique_job(&format!("tcp-test-{n}")), "secret").unwrap();
     let store = StoreServer::start("127.0.0.1:0", auth.clone()).unwrap();
     let addr = store.addr().to_string();
