@@ -75,6 +75,16 @@ def job_pids(job, exe="xccl"):
     return found
 
 
+def stop_job(job, exe):
+    """Continues and kills every process of `job` (a stopped one too)."""
+    for p in job_pids(job, exe).values():
+        for s in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(p, s)
+            except OSError:
+                pass
+
+
 def running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -97,6 +107,9 @@ class Campaign:
         self.name = "f%d" % (os.getpid() % 100000)
         self.world = args.hosts * args.ranks_per_host
         self.xccl = args.xccl
+        # The job of the trial in progress: in a session of its own, a Ctrl-C at the
+        # terminal does not reach it, so `down` stops it.
+        self.job = None
         os.makedirs(args.out, exist_ok=True)
 
     def up(self):
@@ -106,6 +119,8 @@ class Campaign:
            "--owner", str(os.getpid()))
 
     def down(self):
+        if self.job is not None:
+            stop_job(self.job, self.xccl)
         sh("bash", CLUSTER, "down", self.name, check=False)
 
     def workload(self, trial_dir):
@@ -135,6 +150,7 @@ class Campaign:
                                    str(self.a.ranks_per_host), "--port", str(port), "--"] + cmd,
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
+        self.job = job
         # Wait for every rank, then a random moment into its work.
         t0 = time.monotonic()
         pids = {}
@@ -180,12 +196,8 @@ class Campaign:
 
     def finish(self, rec, launch, job, shm_before, trial_dir):
         # Stop whatever is left, put the link back, then look for leftovers.
-        for p in job_pids(job, self.xccl).values():
-            for s in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(p, s)
-                except OSError:
-                    pass
+        stop_job(job, self.xccl)
+        self.job = None
         try:
             launch.wait(timeout=20)
         except subprocess.TimeoutExpired:
