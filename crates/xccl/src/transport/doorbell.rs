@@ -137,10 +137,7 @@ impl Doorbell {
         let timeout = if sound { timeout } else { timeout.min(Duration::from_millis(1)) };
         let now = self.word.load(Ordering::SeqCst);
         if now & !FLAGS == token && now & ASLEEP != 0 {
-            let ts = futex::Timespec {
-                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
+            let ts = super::timespec(timeout);
             // EAGAIN (the word changed), EINTR and ETIMEDOUT all mean: go and look again.
             let _ = futex::wait(&self.word, futex::Flags::empty(), now, Some(&ts));
         }
