@@ -505,11 +505,13 @@ mod tests {
                     saved: saved[k],
                     tp_fwd: vec![],
                     tp_bwd: vec![],
+                    wait_fwd: 0.0,
+                    wait_bwd: 0.0,
                 })
                 .collect(),
             slots: (0..4).map(|k| (k, params[k])).collect(),
             optim_per_elem: 0.0,
-            copy_per_elem: 0.0,
+            spread: crate::sim_train::spread::Spread::default(),
             source: "test".into(),
         }
     }

@@ -15,7 +15,10 @@
 
 pub mod measure;
 mod predict;
+pub mod spans;
+pub mod spread;
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use xccl::algo::tune::CostModel;
@@ -200,7 +203,7 @@ impl SimTrainArgs {
             if traced { 1 } else { (rph.min(ranks) / config.tp).max(1) },
         )?;
         if let Some(path) = &self.from_trace {
-            from_trace(&mut profile, path, self.trace_rank)?;
+            from_trace(&mut profile, path, self.trace_rank, config.tp)?;
         }
         // The measurement ran a host's ranks at once on this machine's cores (sharing its
         // memory), but a block's time is the median of its runs: a rank whose thread waits
@@ -250,36 +253,57 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);
     }
     println!(
-        "# compute: {}; x{slowdown:.2} for ranks sharing a host's cores ({crowd:.2} busy threads a core with every rank computing)",
-        profile.source
+        "# compute: {}; x{slowdown:.2} for ranks sharing a host's cores ({crowd:.2} busy threads a core with every rank computing); x{:.3} waiting for the slowest of {} groups of {} rank(s) (from {} measured at once)",
+        profile.source,
+        profile.spread.wait_factor(ranks / layout.tp),
+        ranks / layout.tp,
+        layout.tp,
+        profile.spread.at_once()
     );
     println!(
-        "# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd)",
+        "# {:<8} {:>10} {:>10} {:>10} {:>12}  tp collectives (fwd / bwd), their wait for the slowest rank (us)",
         "block", "fwd(us)", "bwd(us)", "params", "out elems"
     );
     for b in &profile.blocks {
         println!(
-            "  {:<8} {:>10.1} {:>10.1} {:>10} {:>12}  {} / {}",
+            "  {:<8} {:>10.1} {:>10.1} {:>10} {:>12}  {} / {}, {:.1} / {:.1}",
             b.name,
             b.fwd * 1e6,
             b.bwd * 1e6,
             b.params,
             b.out_elems,
             b.tp_fwd.len(),
-            b.tp_bwd.len()
+            b.tp_bwd.len(),
+            b.wait_fwd * 1e6,
+            b.wait_bwd * 1e6
         );
     }
     print!("{}", p.render());
     Ok(())
 }
 
-/// Replaces the measured block times with those of rank `rank` of the trace at `path`.
-fn from_trace(profile: &mut Profile, path: &std::path::Path, rank: usize) -> Result<(), String> {
+/// Replaces the measured block times with those of rank `rank` of the trace at `path`, and
+/// the measured waits and spread with those of the trace's ranks (`tp` consecutive ranks a
+/// tensor-parallel group, as `xccl train` places them).
+fn from_trace(profile: &mut Profile, path: &std::path::Path, rank: usize, tp: usize) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--from-trace {}: {e}", path.display()))?;
     let first = profile.blocks.first().map(|b| b.name.clone()).unwrap_or_default();
-    let runs = measure::trace_runs(&text, rank, &first).map_err(|e| format!("{}: {e}", path.display()))?;
-    measure::apply_spans(&mut profile.blocks, &runs)
-        .map_err(|e| format!("{}: {e} (was it recorded with the same model and --pp 1?)", path.display()))?;
+    let ranks = spans::trace_runs(&text, &first).map_err(|e| format!("{}: {e}", path.display()))?;
+    let runs = ranks.get(&(rank as u64)).ok_or_else(|| {
+        format!(
+            "{}: rank {rank} of the trace has no span 'fwd {first}': per-block spans are recorded by `xccl train` \
+             without --pp (a pipeline's trace has one span per stage)",
+            path.display()
+        )
+    })?;
+    let hint =
+        |e: String| format!("{}: {e} (was it recorded with the same model and --pp 1?)", path.display());
+    spans::apply_spans(&mut profile.blocks, runs).map_err(hint)?;
+    let mut groups: BTreeMap<u64, Vec<&[Vec<xccl_train::trace::Span>]>> = BTreeMap::new();
+    for (r, runs) in &ranks {
+        groups.entry(r / tp.max(1) as u64).or_default().push(runs.as_slice());
+    }
+    spans::apply_groups(profile, &groups.into_values().collect::<Vec<_>>()).map_err(hint)?;
     profile.source = format!("{} (rank {rank}, {} iteration(s))", path.display(), runs.len());
     Ok(())
 }

@@ -201,7 +201,8 @@ pub fn predict_crowded(
 }
 
 /// Predicts one step of `config` with blocks timed by `profile` (compute scaled by
-/// `slowdown`), ranks placed by `layout`, collectives simulated on `net`.
+/// `slowdown`, and by the wait for the slowest of the job's groups that the profile's spread
+/// gives), ranks placed by `layout`, collectives simulated on `net`.
 pub fn predict(
     config: &TrainConfig,
     profile: &Profile,
@@ -220,6 +221,9 @@ pub fn predict(
     let zero3 = matches!(&config.strategy, Strategy::Zero(z) if z.stage == 3);
     let zero3_again = matches!(&config.strategy, Strategy::Zero(z) if z.stage == 3 && z.recompute);
     // Per block: forward compute, its tp time, backward compute, its tp time.
+    // Every group of the job waits for the slowest once a step (the closing reductions at
+    // least); inside a tensor-parallel group, ranks wait in every block (below).
+    let pace = slowdown * profile.spread.wait_factor(layout.dp * layout.pp);
     let mut cost = Vec::new();
     for (k, b) in profile.blocks.iter().enumerate() {
         let g = tp_group(stage_of(k));
@@ -230,7 +234,8 @@ pub fn predict(
                 tp[i] += sim.time("tp", kind, &g, bytes, if i == 0 { fwd_runs } else { m })?;
             }
         }
-        cost.push([b.fwd * slowdown, tp[0], b.bwd * slowdown, tp[1]]);
+        // A tensor-parallel group also waits for its slowest rank in those operations.
+        cost.push([b.fwd * pace, tp[0] + b.wait_fwd, b.bwd * pace, tp[1] + b.wait_bwd]);
     }
     let lanes = match &config.pipeline {
         Some(_) => pipeline_lanes(config, profile, &stages, &cost, &mut sim)?,
@@ -290,8 +295,8 @@ fn sequential_lane(m: usize, profile: &Profile, cost: &[[f64; 4]]) -> Lane {
 }
 
 /// ZeRO stage 3: each block's parameters gathered over the data-parallel group just before
-/// it runs (the next block's prefetched as one starts) and copied into its parameters on
-/// the compute thread, gathered again for its backward (whose forward runs again first when
+/// it runs (the next block's prefetched as one starts) into a buffer its parameters borrow
+/// (no copy), gathered again for its backward (whose forward runs again first when
 /// `again`, recomputation), and each block's gradient reduce-scattered once its backward is
 /// done, all on one stream.
 fn zero3_lane(
@@ -323,8 +328,6 @@ fn zero3_lane(
                 ready.insert(j, free);
             }
             let start = if needs { t.max(ready[&j]) } else { t };
-            // A gathered block is copied into its parameters on the compute thread.
-            let copy = if needs { profile.copy_per_elem * profile.blocks[k].params as f64 } else { 0.0 };
             if let Some(&(k1, b1)) = ops.get(j + 1)
                 && !(b1 && k1 + 1 == n)
             {
@@ -333,9 +336,9 @@ fn zero3_lane(
             }
             let c = &cost[k];
             let (comp, comm) = match bwd {
-                false => (c[0] + copy, c[1]),
-                true if again && k + 1 < n => (c[0] + c[2] + copy, c[1] + c[3]),
-                true => (c[2] + copy, c[3]),
+                false => (c[0], c[1]),
+                true if again && k + 1 < n => (c[0] + c[2], c[1] + c[3]),
+                true => (c[2], c[3]),
             };
             t = start + comp + comm;
             busy += comp;

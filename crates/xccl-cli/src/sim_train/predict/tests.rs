@@ -4,6 +4,7 @@ use clap::Parser;
 
 use super::*;
 use crate::sim_train::measure::BlockTimes;
+use crate::sim_train::spread::Spread;
 use crate::train::TrainArgs;
 use xccl::algo::tune::LinkCost;
 
@@ -32,11 +33,13 @@ fn profile(n: usize, f: f64, b: f64, params: usize) -> Profile {
                 saved: 0,
                 tp_fwd: vec![],
                 tp_bwd: vec![],
+                wait_fwd: 0.0,
+                wait_bwd: 0.0,
             })
             .collect(),
         slots: (0..n).map(|k| (k, params)).collect(),
         optim_per_elem: 0.0,
-        copy_per_elem: 0.0,
+        spread: Spread::default(),
         source: "test".into(),
     }
 }
@@ -205,29 +208,54 @@ fn zero_stages_communicate_more_than_ddp_never_less() {
     assert_eq!((gathers(&z3), gathers(&again)), (7, 7));
 }
 
+/// Ranks that computed unevenly stretch the step by the wait for the slowest: with free
+/// messages, DDP's step is its compute times the spread's factor for the job's ranks, and
+/// a job of one rank waits for nobody.
 #[test]
-fn zero_three_copies_each_gathered_block_into_its_parameters_on_the_compute_thread() {
+fn uneven_ranks_stretch_compute_by_the_wait_for_the_slowest() {
     let (topo, costs) = free();
     let net = Net { topo: &topo, costs: &costs };
-    let layout = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 2 };
-    let mut prof = profile(4, 0.5e-3, 1e-3, 1 << 18);
-    let step = |f: &[&str], p: &Profile| predict(&config(f), p, layout, &net, 1.0).unwrap();
-    let flags = ["--layers", "2", "--zero", "3"];
-    let before = step(&flags, &prof);
-    prof.copy_per_elem = 1e-9;
-    let after = step(&flags, &prof);
-    // Seven gathers (the last block keeps its parameters to its backward), each a copy of
-    // 2^18 elements at 1 ns, on the critical path with free messages.
-    let copies = 7.0 * f64::from(1u32 << 18) * 1e-9;
-    assert!(close(after.compute - before.compute, copies, 1e-9), "{} {}", after.compute, before.compute);
-    assert!(close(after.step - before.step, copies, 1e-6), "{} {}", after.step, before.step);
-    // Stages 1 and 2 lend the gathered buffers to the parameters: no copy.
-    for stage in ["1", "2"] {
-        let f = ["--layers", "2", "--zero", stage];
-        let mut free_copy = prof.clone();
-        free_copy.copy_per_elem = 0.0;
-        assert_eq!(step(&f, &prof).step, step(&f, &free_copy).step, "stage {stage}");
+    let mut prof = profile(4, 0.5e-3, 1e-3, 1 << 10);
+    let even = prof.clone();
+    // Two ranks measured at once, one of them 20% slower in every other iteration.
+    let a = vec![1.0; 10];
+    let b: Vec<f64> = (0..10).map(|i| if i % 2 == 0 { 1.2 } else { 1.0 }).collect();
+    prof.spread = Spread::from_iterations(&[a, b]);
+    let factor = prof.spread.wait_factor(2);
+    assert!(factor > 1.0 && factor <= 1.2, "{factor}");
+    let step = |f: &[&str], layout: Layout, p: &Profile| predict(&config(f), p, layout, &net, 1.0).unwrap();
+    let two = Layout { dp: 2, pp: 1, tp: 1, ranks_per_host: 2 };
+    let flags = ["--layers", "2"];
+    let (base, slow) = (step(&flags, two, &even), step(&flags, two, &prof));
+    assert!(close(slow.compute, base.compute * factor, 1e-9), "{} {}", slow.compute, base.compute);
+    assert!(close(slow.step, base.step * factor, 1e-6), "{} {}", slow.step, base.step);
+    let one = Layout { dp: 1, pp: 1, tp: 1, ranks_per_host: 1 };
+    let flags = ["--layers", "2", "--dp", "1"];
+    assert_eq!(step(&flags, one, &prof).step, step(&flags, one, &even).step);
+}
+
+/// A tensor-parallel group's wait for its slowest rank inside a block's operations lies on
+/// the critical path: with free messages, each micro-batch adds every block's waits to the
+/// step, counted as tensor-parallel time.
+#[test]
+fn tensor_parallel_waits_add_to_the_step_once_per_block_and_micro_batch() {
+    let (topo, costs) = free();
+    let net = Net { topo: &topo, costs: &costs };
+    let layout = Layout { dp: 1, pp: 1, tp: 2, ranks_per_host: 2 };
+    let cfg = config(&["--layers", "2", "--dp", "1", "--tp", "2", "--accum", "2"]);
+    let even = profile(4, 0.5e-3, 1e-3, 1 << 10);
+    let mut uneven = even.clone();
+    for b in &mut uneven.blocks {
+        (b.wait_fwd, b.wait_bwd) = (20e-6, 50e-6);
     }
+    let (a, b) = (
+        predict(&cfg, &even, layout, &net, 1.0).unwrap(),
+        predict(&cfg, &uneven, layout, &net, 1.0).unwrap(),
+    );
+    let waits = 2.0 * 4.0 * 70e-6;
+    assert!(close(b.tp_comm - a.tp_comm, waits, 1e-9), "{} {}", b.tp_comm, a.tp_comm);
+    assert!(close(b.step - a.step, waits, 1e-6), "{} {}", b.step, a.step);
+    assert_eq!(a.compute, b.compute);
 }
 
 /// With free messages a GPipe stage computes m of its m + p − 1 slots whatever the slowdown,
