@@ -20,6 +20,11 @@
 # this script measures glibc's default malloc instead; an older build (BEFORE) started by its
 # own launcher keeps the malloc that launcher gave.
 #
+# TUNE_PULL=1: before the first repetition of each rank count, `xccl tune pull` measures
+# from which message length this machine should pull (written to $OUT/pull_nN.tune), and
+# this build's rows run with XCCL_TUNE_FILE set to it; BEFORE rows run without any
+# XCCL_TUNE_FILE (BEFORE may be this same build, to compare tuned against built-in).
+#
 # Needs the peers (../shared/bench/peers/install_peers.sh: Open MPI, MPICH, a venv with torch
 # in /tmp/peers-venv). Every command runs under the peers' prio_run.sh (own scheduler
 # autogroup, nice -10), as the peer baselines were measured. Raw outputs go to $OUT (one file
@@ -63,16 +68,30 @@ mpicc.mpich -O2 -o "$BIN/mpi_coll_mpich" "$PEERS/mpi_coll.c"
 } > "$OUT/env.txt" 2>&1
 
 # One file per xccl run, in the peers' format: rank 0's lines without the launcher's prefix.
+# XENV: the environment of the run (set per build below).
+XENV=(env)
 xccl_all() { # FILE NP [BENCH FLAGS...]
   local file="$1" np="$2" most=(); shift 2
   # Builds from before `--max-iters` stop at 20000 runs.
   if "$XCCL" bench --help 2>/dev/null | grep -q -- --max-iters; then most=(--max-iters "$MAX_ITERS"); fi
   : > "$file"
   for c in $COLLS; do
-    "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench "$c" --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format "${most[@]}" "$@" \
+    "${XENV[@]}" "$PRIO" "$XCCL" run -n "$np" -- "$XCCL" bench "$c" --sizes "$SIZES" --target-sec "$TARGET_SEC" --peer-format "${most[@]}" "$@" \
       2>&1 | sed -n 's/^\[0\] //p' >> "$file"
   done
 }
+# This build's environment for NP ranks: its measured pull thresholds with TUNE_PULL=1.
+tuned() { # NP
+  if [ "${TUNE_PULL:-0}" = 1 ]; then
+    if [ ! -s "$OUT/pull_n$1.tune" ]; then
+      "$PRIO" "$XCCL" run -n "$1" -- "$XCCL" tune pull -o "$OUT/pull_n$1.tune" > "$OUT/pull_n$1.txt" 2>&1
+    fi
+    XENV=(env "XCCL_TUNE_FILE=$OUT/pull_n$1.tune")
+  else
+    XENV=(env)
+  fi
+}
+rm -f "$OUT"/pull_n*.tune
 
 for rep in $(seq 1 "$REPS"); do
   echo "== repetition $rep  $(date +%T)"
@@ -86,11 +105,12 @@ for rep in $(seq 1 "$REPS"); do
       > "$OUT/mpich_n${np}_r$rep.txt" 2>&1
     # With an older build, the two take turns going first.
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then
-      XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+      XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
+    tuned "$np"
     xccl_all "$OUT/xccl_n${np}_r$rep.txt" "$np"
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then
-      XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+      XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
     # The all-reduce's other forms, each of both builds in turn (the older first in odd
     # repetitions).
@@ -101,9 +121,10 @@ for rep in $(seq 1 "$REPS"); do
         SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/${1}hugeinplace_n${np}_r$rep.txt" "$np" --huge-pages --inplace
       fi
     }
-    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then XCCL="$BEFORE" forms before; fi
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" forms before; fi
+    tuned "$np"
     forms xccl
-    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then XCCL="$BEFORE" forms before; fi
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" forms before; fi
     if [ -n "$HUGE_SIZES" ]; then
       if [ -w "$THP" ]; then
         echo always > "$THP"

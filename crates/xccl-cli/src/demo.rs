@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xccl::{Communicator, DType, ReduceOp};
+use xccl::{Communicator, ReduceOp};
 
 use crate::bench::{self, BenchArgs, Coll};
 use crate::run::{self, Job, Prefixed};
@@ -75,28 +75,13 @@ fn worker(bytes: usize) -> xccl::Result<bool> {
     };
     for coll in Coll::all() {
         let args = BenchArgs {
-            coll,
             min: bytes,
             max: bytes,
-            factor: 2,
             sizes: vec![bytes],
             iters: Some(5),
             warmup: 1,
-            target_sec: 0.1,
-            max_iters: crate::bench::MAX_ITERS,
-            dtype: DType::F32,
-            op: ReduceOp::Sum,
             root: n - 1,
-            local: None,
-            peer_format: false,
-            inplace: false,
-            check_every: false,
-            algo: None,
-            every_algo: false,
-            proto: None,
-            every_proto: false,
-            huge_pages: false,
-            compute_us: 0.0,
+            ..BenchArgs::timed(coll, 0.1)
         };
         let mut k = bench::case::<f32>(&c, &args, bytes)?;
         bench::run_once(&c, &args, &mut k)?;

@@ -16,6 +16,7 @@ mod sim;
 mod sim_train;
 mod train;
 mod tune;
+mod tune_pull;
 mod verify;
 
 use std::process::ExitCode;

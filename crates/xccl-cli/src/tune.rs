@@ -18,8 +18,7 @@ use std::process::ExitCode;
 
 use xccl::algo::tune::{CostModel, Costing, Efficiency, LinkClass, LinkCost, Placement};
 use xccl::algo::{Algorithm, Shape};
-use xccl::bootstrap::Rendezvous;
-use xccl::{CollKind, Communicator, Config, DType, ReduceOp};
+use xccl::{CollKind, Communicator, Config};
 
 use crate::bench::{self, BenchArgs, Coll};
 
@@ -36,6 +35,8 @@ enum TuneCommand {
     Measure(MeasureArgs),
     /// Fit the cost model to measurements and show the tuner's picks.
     Fit(FitArgs),
+    /// Measure from which length messages should be pulled here (run under `xccl run`).
+    Pull(crate::tune_pull::PullArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +86,7 @@ pub fn run(args: &TuneArgs) -> ExitCode {
     let result = match &args.what {
         TuneCommand::Measure(m) => measure(m),
         TuneCommand::Fit(f) => fit(f),
+        TuneCommand::Pull(p) => crate::tune_pull::run(p),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -125,20 +127,7 @@ fn measure(args: &MeasureArgs) -> xccl::Result<()> {
         .iter()
         .map(|s| xccl::parse_bytes("--sizes", s, 1, usize::MAX))
         .collect::<xccl::Result<Vec<_>>>()?;
-    let config = Config::from_env()?;
-    match args.local {
-        Some(n) => {
-            let comms = Communicator::local_with(n, config)?;
-            std::thread::scope(|s| {
-                let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| measure_rank(c, args, &sizes))).collect();
-                hs.into_iter()
-                    .map(|h| h.join().expect("tune rank panicked"))
-                    .collect::<xccl::Result<Vec<_>>>()
-            })?;
-            Ok(())
-        }
-        None => measure_rank(&Communicator::connect(&Rendezvous::from_env()?, config)?, args, &sizes),
-    }
+    bench::on_ranks(args.local, Config::from_env()?, |c| measure_rank(c, args, &sizes))
 }
 
 fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::Result<()> {
@@ -147,30 +136,7 @@ fn measure_rank(c: &Communicator, args: &MeasureArgs, sizes: &[usize]) -> xccl::
     for &coll in &args.colls {
         let kind =
             coll.collective().ok_or_else(|| xccl::Error::Config("sendrecv has no algorithms".into()))?;
-        let bargs = BenchArgs {
-            coll,
-            min: 1,
-            max: 1,
-            factor: 2,
-            sizes: Vec::new(),
-            iters: None,
-            warmup: 3,
-            target_sec: args.target_sec,
-            max_iters: crate::bench::MAX_ITERS,
-            dtype: DType::F32,
-            op: ReduceOp::Sum,
-            root: 0,
-            local: None,
-            peer_format: false,
-            inplace: false,
-            check_every: false,
-            algo: None,
-            every_algo: false,
-            proto: None,
-            every_proto: false,
-            huge_pages: false,
-            compute_us: 0.0,
-        };
+        let bargs = BenchArgs::timed(coll, args.target_sec);
         // One communicator per algorithm, then the repetitions as the outer loop: each
         // case's repetitions spread over the whole measurement of the collective, so that a
         // slow stretch of the machine falls on every algorithm alike and shows as spread
@@ -415,6 +381,8 @@ fn from_params(p: &[f64], keys: &Keys) -> CostModel {
         switch: p[12].exp() * 1e-6,
         efficiency,
         protocols,
+        // Pull thresholds are measured apart (`xccl tune pull`), not fitted.
+        pull: None,
     }
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::algo::AlgoOverrides;
 use crate::algo::tune::CostModel;
+use crate::byte_count::parse_bytes;
 use crate::error::{Error, Result};
 use crate::flight::FlightConfig;
 use crate::protocol::ProtocolPolicy;
@@ -22,8 +23,8 @@ use crate::protocol::ProtocolPolicy;
 /// | `XCCL_FLIGHT_DIR` | where the flight records go | `$TMPDIR/xccl-flight` |
 /// | `XCCL_SEGMENT_BYTES` | largest frame payload on socket links | 1 MiB |
 /// | `XCCL_MAX_UNEXPECTED_BYTES` | most bytes of not-yet-received messages kept | 256 MiB |
-/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory where it combines them (`off`: never) | 64 KiB |
-/// | `XCCL_PULL_PLAIN_BYTES` | the same for messages the receiver only places (all-gather, broadcast, all-to-all; `off`: never) | half `XCCL_PULL_BYTES` |
+/// | `XCCL_PULL_BYTES` | messages at least this long are copied by the receiver straight from the sender's memory where it combines them (`off`: never) | `XCCL_TUNE_FILE`'s `pull` line (`xccl tune pull` measures it), else 64 KiB |
+/// | `XCCL_PULL_PLAIN_BYTES` | the same for messages the receiver only places (all-gather, broadcast, all-to-all; `off`: never) | `XCCL_TUNE_FILE`'s `pull` line, else half `XCCL_PULL_BYTES` |
 /// | `XCCL_SHM` | `0` to use TCP between processes of one host instead of shared memory | `1` |
 /// | `XCCL_BACKEND` | `mpi`: [`Communicator::from_env`](crate::Communicator::from_env) makes an MPI communicator (feature `mpi`) | `native` |
 /// | `XCCL_SHM_RING_BYTES` | bytes per shared-memory ring | by ranks per host: 4 MiB up to 4, 1 MiB up to 16, 256 KiB beyond |
@@ -143,6 +144,11 @@ impl Config {
                 Some(v) => parse_bytes(name, &v, 1, usize::MAX).map(Some),
             }
         };
+        // This machine's thresholds as `xccl tune pull` measured them (`XCCL_TUNE_FILE`),
+        // then the settings.
+        if let Some(p) = c.costs.pull {
+            c.pull_min = p;
+        }
         if let Some(b) = pull_bytes("XCCL_PULL_BYTES")? {
             c.pull_min = crate::protocol::PullMin::from_combining(b);
         }
@@ -172,23 +178,6 @@ impl Config {
         }
         Ok(c)
     }
-}
-
-/// Parses `1048576`, `64K`, `1M`, `2G` within `[min, max]`.
-pub fn parse_bytes(name: &str, v: &str, min: usize, max: usize) -> Result<usize> {
-    let t = v.trim();
-    let (digits, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|d| d.checked_mul(mult))
-        .filter(|b| (min..=max).contains(b))
-        .ok_or_else(|| Error::Config(format!("{name}='{v}' is not a byte count between {min} and {max}")))
 }
 
 #[cfg(test)]
@@ -227,13 +216,15 @@ mod tests {
         assert_eq!(pull(&[("XCCL_PULL_PLAIN_BYTES", "off")]).plain, usize::MAX);
         let e = with(&[("XCCL_PULL_PLAIN_BYTES", "lots")]).unwrap_err().to_string();
         assert!(e.contains("XCCL_PULL_PLAIN_BYTES"), "{e}");
-    }
-
-    #[test]
-    fn byte_counts_accept_suffixes() {
-        assert_eq!(parse_bytes("X", "3M", 0, usize::MAX).unwrap(), 3 << 20);
-        assert_eq!(parse_bytes("X", "17", 0, usize::MAX).unwrap(), 17);
-        assert!(parse_bytes("X", "M", 0, usize::MAX).is_err());
-        assert!(parse_bytes("X", "99999999999999999999G", 0, usize::MAX).is_err());
+        // A tuning file's measured thresholds, which the settings override.
+        let file = std::env::temp_dir().join(format!("xccl-pull-{}.tune", std::process::id()));
+        std::fs::write(&file, "pull 4M off\n").unwrap();
+        let path = file.to_string_lossy().into_owned();
+        assert_eq!(pull(&[("XCCL_TUNE_FILE", &path)]), PullMin { combining: 4 << 20, plain: usize::MAX });
+        assert_eq!(
+            pull(&[("XCCL_TUNE_FILE", &path), ("XCCL_PULL_PLAIN_BYTES", "1M")]),
+            PullMin { combining: 4 << 20, plain: 1 << 20 }
+        );
+        std::fs::remove_file(&file).unwrap();
     }
 }

@@ -55,6 +55,7 @@
 
 pub mod algo;
 pub mod bootstrap;
+mod byte_count;
 #[cfg(feature = "capi")]
 pub mod capi;
 mod coll;
@@ -80,9 +81,10 @@ mod transport;
 pub mod verify;
 mod work;
 
+pub use byte_count::parse_bytes;
 pub use coll::CollKind;
 pub use comm::Communicator;
-pub use config::{Config, parse_bytes};
+pub use config::Config;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use host_buffer::HostBuffer;

@@ -174,6 +174,62 @@ pub struct BenchArgs {
     pub compute_us: f64,
 }
 
+impl BenchArgs {
+    /// `coll` in f32 sums, out of place, root 0, each size timed for `target_sec` after three
+    /// warm-up runs, the tuner's algorithm and protocols: the arguments other commands time
+    /// collectives with (`xccl tune`, `xccl demo`), changed where they need.
+    pub fn timed(coll: Coll, target_sec: f64) -> BenchArgs {
+        BenchArgs {
+            coll,
+            min: 1,
+            max: 1,
+            factor: 2,
+            sizes: Vec::new(),
+            iters: None,
+            warmup: 3,
+            target_sec,
+            max_iters: MAX_ITERS,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            local: None,
+            peer_format: false,
+            inplace: false,
+            check_every: false,
+            algo: None,
+            every_algo: false,
+            proto: None,
+            every_proto: false,
+            huge_pages: false,
+            compute_us: 0.0,
+        }
+    }
+}
+
+/// Runs `rank` with `config` on this process's rank of the launched job, or on `local`
+/// ranks as threads of this process: how `xccl tune`'s measurements join their ranks.
+pub(crate) fn on_ranks(
+    local: Option<usize>,
+    config: Config,
+    rank: impl Fn(&Communicator) -> xccl::Result<()> + Sync,
+) -> xccl::Result<()> {
+    match local {
+        Some(n) => {
+            let comms = Communicator::local_with(n, config)?;
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| rank(c))).collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| Err(xccl::Error::Internal("a rank panicked".into())))
+                    })
+                    .collect::<xccl::Result<Vec<_>>>()
+            })?;
+            Ok(())
+        }
+        None => rank(&Communicator::connect(&xccl::bootstrap::Rendezvous::from_env()?, config)?),
+    }
+}
+
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     xccl::parse_bytes("size", s, 0, usize::MAX).map_err(|e| e.to_string())
 }

@@ -1,14 +1,15 @@
 //! The tuner's constants: what a message costs on each class of link (`α` per message, `β`
 //! per byte moved, `γ` per byte reduced, `δ` per byte copied), what a hand-off of the core
 //! costs on a crowded host, how each algorithm and protocol runs against its schedule's
-//! counts, and the text format they are kept in (`xccl tune fit -o`, `XCCL_TUNE_FILE`). The
+//! counts, from which length this machine pulls messages (`xccl tune pull`), and the text
+//! format they are kept in (`xccl tune fit -o`, `XCCL_TUNE_FILE`). The
 //! built-in values were fitted on the project's reference machine (`reference.tune`,
 //! docs/PERFORMANCE.md); `XCCL_TUNE_<CLASS>` and `XCCL_TUNE_SWITCH_US` override single ones.
 
 use super::Algorithm;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, PullMin};
 
 /// Kinds of link between two ranks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -95,6 +96,10 @@ pub struct CostModel {
     /// Per protocol, factors on the latency and bandwidth of its messages (a protocol
     /// absent here has factors of 1): what LL saves per message, say.
     pub protocols: Vec<(Protocol, f64, f64)>,
+    /// From which length messages are pulled on this machine, as `xccl tune pull` measured
+    /// it; `None` keeps the built-in thresholds. `XCCL_PULL_BYTES` and
+    /// `XCCL_PULL_PLAIN_BYTES` override it.
+    pub pull: Option<PullMin>,
 }
 
 /// The constants fitted on the reference machine (2 vCPU Zen 3 guest, shared memory between
@@ -111,6 +116,7 @@ impl Default for CostModel {
             switch: 20e-6,
             efficiency: Vec::new(),
             protocols: Vec::new(),
+            pull: None,
         };
         // The embedded file is checked by a test; a broken one would leave the base model.
         base.clone().with_text("reference.tune", REFERENCE).unwrap_or(base)
@@ -144,7 +150,9 @@ impl CostModel {
     /// This model with the settings of a tuning file (`name` names it in errors). Lines:
     /// `link CLASS ALPHA_US BETA_GBPS GAMMA_GBPS DELTA_GBPS`, `switch US`,
     /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`,
-    /// `protocol PROTOCOL LATENCY BANDWIDTH`; `#` starts a comment.
+    /// `protocol PROTOCOL LATENCY BANDWIDTH`, `pull COMBINING PLAIN` (byte counts such as
+    /// `64K`, or `off`: from which length combined and placed messages are pulled); `#`
+    /// starts a comment.
     pub fn with_text(mut self, name: &str, text: &str) -> Result<CostModel> {
         for (no, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
@@ -193,7 +201,17 @@ impl CostModel {
                     self.protocols.retain(|p| p.0 != proto);
                     self.protocols.push((proto, latency, bandwidth));
                 }
-                _ => return Err(bad("not a link, switch, efficiency or protocol line")),
+                ["pull", combining, plain] => {
+                    let bytes = |v: &str| match v {
+                        "off" => Some(usize::MAX),
+                        _ => crate::byte_count::parse_bytes("pull", v, 1, usize::MAX).ok(),
+                    };
+                    let (Some(combining), Some(plain)) = (bytes(combining), bytes(plain)) else {
+                        return Err(bad("pull lengths are byte counts (64K, 2M) or off"));
+                    };
+                    self.pull = Some(PullMin { combining, plain });
+                }
+                _ => return Err(bad("not a link, switch, efficiency, protocol or pull line")),
             }
         }
         Ok(self)
@@ -217,6 +235,10 @@ impl CostModel {
             );
         }
         out += &format!("switch {:.4}\n", self.switch * 1e6);
+        if let Some(p) = self.pull {
+            let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
+            out += &format!("pull {} {}\n", bytes(p.combining), bytes(p.plain));
+        }
         for (p, lat, bw) in &self.protocols {
             out += &format!("protocol {p} {lat:.4} {bw:.4}\n");
         }
@@ -294,12 +316,27 @@ mod tests {
             ("efficiency broadcast ring spread 1 1", "no ring"),
             ("efficiency all_reduce ring sideways 1 1", "spread or crowded"),
             ("switch x", "microseconds"),
+            ("pull 64K", "not a link"),
+            ("pull 64K -1", "byte counts"),
+            ("pull 0 1M", "byte counts"),
             ("# fine\nbogus", "line 2"),
         ] {
             let err = plain().with_text("t.tune", text).unwrap_err().to_string();
             let want = want.replace("line 2", "t.tune:2");
             assert!(err.contains(&want), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn pull_lengths_are_read_and_written_back() {
+        assert_eq!(CostModel::default().pull, None);
+        let m = plain().with_text("t.tune", "pull 4M off\n").unwrap();
+        assert_eq!(m.pull, Some(PullMin { combining: 4 << 20, plain: usize::MAX }));
+        assert!(m.to_text().contains("pull 4194304 off\n"), "{}", m.to_text());
+        assert_eq!(plain().with_text("again", &m.to_text()).unwrap().pull, m.pull);
+        // A later line replaces an earlier one.
+        let m = plain().with_text("t.tune", "pull 1M 2M\npull 32K 16K").unwrap();
+        assert_eq!(m.pull, Some(PullMin { combining: 32 << 10, plain: 16 << 10 }));
     }
 
     #[test]

@@ -1,0 +1,258 @@
+//! `xccl tune pull`: from which length this machine should pull messages.
+//!
+//! Between processes of one host a message either streams, copied twice through the
+//! shared-memory ring, or is pulled, copied once by the receiver straight out of the
+//! sender's memory (`process_vm_readv`, which pins the pages it reads). Which costs less
+//! is the machine's: on an Intel Xeon guest a 32 KiB message of a 2-rank all-gather took 3.4
+//! µs pulled against 4.9 streamed; on an AMD EPYC guest a 2-rank 1 MiB all-reduce took 74-86
+//! µs streamed against 140-205 pulled, and pulls only came out ahead from 4-16 MiB
+//! (docs/PERFORMANCE.md). The built-in thresholds (`protocol::PullMin`) suit the first.
+//!
+//! Under `xccl run` (or with `--local N`), this times a reduce-scatter (messages the
+//! receiver combines) by ring, and an all-gather by ring and an all-to-all by direct
+//! exchange (messages it only places), so that each message is the collective's size over
+//! the ranks, at every length of `--lengths`:
+//! once never pulling and once always, `--reps` times in turns. Per length and way it takes
+//! the fastest repetition (what the way costs; a slow repetition is the machine's moment,
+//! which on a shared guest moved single windows by 2-3x); the threshold is the one that
+//! costs least over every length and case measured, each counted relative to its faster way
+//! (`off`: never pull). Rank 0 prints the
+//! table and the tuning file's `pull` line, and with `-o FILE` puts that line into FILE
+//! (replacing a `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as
+//! many ranks per host as the jobs it tunes for: on a host with more ranks than cores,
+//! streaming waits for sender and receiver to share a core, and the answer differs.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use xccl::algo::Algorithm;
+use xccl::protocol::PullMin;
+use xccl::{CollKind, Communicator};
+
+use crate::bench::{self, BenchArgs, Coll};
+
+/// Arguments of `xccl tune pull`.
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// Message lengths in bytes (each collective moves this many per rank).
+    #[arg(long, value_delimiter = ',', default_value = "16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M")]
+    lengths: Vec<String>,
+    /// Seconds each timed loop should last.
+    #[arg(long, default_value_t = 0.1)]
+    target_sec: f64,
+    /// Measurements of each case, taken in turns over the lengths and both ways; the fastest
+    /// counts.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Run this many ranks as threads of this process instead of joining a launched job
+    /// (threads pull with plain copies, not as processes do: for trying the command).
+    #[arg(long)]
+    local: Option<usize>,
+    /// Put the `pull` line into this tuning file (created if absent).
+    #[arg(short, long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs `xccl tune pull`.
+pub fn run(args: &PullArgs) -> xccl::Result<()> {
+    let lengths = args
+        .lengths
+        .iter()
+        .map(|s| xccl::parse_bytes("--lengths", s, 1, 1 << 30))
+        .collect::<xccl::Result<Vec<_>>>()?;
+    if lengths.is_empty() || lengths.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(xccl::Error::Config("--lengths: give increasing byte counts, e.g. 64K,1M,16M".into()));
+    }
+    if !(args.target_sec.is_finite() && args.target_sec > 0.0) || args.reps == 0 {
+        return Err(xccl::Error::Config("--target-sec and --reps must be positive".into()));
+    }
+    bench::on_ranks(args.local, xccl::Config::from_env()?, |c| measure_rank(c, args, &lengths))
+}
+
+/// The cases measured: a collective, the algorithm forced on it (each of its messages then
+/// carries the collective's size over the ranks), and whether its receivers combine. The
+/// placed messages are measured twice: one a step (the ring) and to every peer at once
+/// (all-to-all's direct exchange, where a rank that pulls need not wait for its senders'
+/// turns on crowded cores).
+const CASES: [(CollKind, Algorithm, bool); 3] = [
+    (CollKind::ReduceScatter, Algorithm::Ring, true),
+    (CollKind::AllGather, Algorithm::Ring, false),
+    (CollKind::AllToAll, Algorithm::Direct, false),
+];
+
+fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::Result<()> {
+    let n = c.size();
+    if n < 2 {
+        return Err(xccl::Error::Config(
+            "xccl tune pull measures messages between ranks: run it under `xccl run -n 2` (or more), or with --local 2"
+                .into(),
+        ));
+    }
+    // Per case, two communicators forced to its algorithm: never pulling, and always.
+    let mut comms = Vec::new();
+    for (kind, algo, _) in CASES {
+        let mut pair = Vec::new();
+        for pull in [usize::MAX, 1] {
+            let mut config = c.config().clone();
+            config.algos.set(kind, algo)?;
+            config.pull_min = PullMin { combining: pull, plain: pull };
+            pair.push(c.dup_with(config)?);
+        }
+        comms.push(pair);
+    }
+    // times[case][way][length]: each repetition's seconds.
+    let mut times = vec![vec![vec![Vec::new(); lengths.len()]; 2]; CASES.len()];
+    for _ in 0..args.reps {
+        for (k, (kind, _, _)) in CASES.iter().enumerate() {
+            let bargs = BenchArgs::timed(Coll { kind: *kind, uneven: false }, args.target_sec);
+            for (i, &len) in lengths.iter().enumerate() {
+                for (way, comm) in comms[k].iter().enumerate() {
+                    let (row, _) = bench::measure::<f32>(comm, &bargs, len * n)?;
+                    if row.wrong > 0 {
+                        return Err(xccl::Error::Internal(format!(
+                            "{kind} of {len} B a rank: {} wrong values",
+                            row.wrong
+                        )));
+                    }
+                    times[k][way][i].push(row.tavg);
+                }
+            }
+        }
+    }
+    if c.rank() != 0 {
+        return Ok(());
+    }
+    // Per case: (streamed, pulled), the fastest repetition at each length.
+    let fastest: Vec<(Vec<f64>, Vec<f64>)> = times
+        .iter()
+        .map(|ways| {
+            let best = |w: &Vec<Vec<f64>>| {
+                w.iter().map(|r| r.iter().copied().fold(f64::INFINITY, f64::min)).collect()
+            };
+            (best(&ways[0]), best(&ways[1]))
+        })
+        .collect();
+    let mut table = format!(
+        "# xccl tune pull: {n} ranks, the fastest of {} repetitions (µs), streamed / pulled\n",
+        args.reps
+    );
+    let _ = write!(table, "# {:>10}", "length");
+    for (kind, algo, _) in CASES {
+        let _ = write!(table, " {:>24}", format!("{}/{algo}", kind.name()));
+    }
+    table.push('\n');
+    for (i, &len) in lengths.iter().enumerate() {
+        let _ = write!(table, "  {len:>10}");
+        for (s, p) in &fastest {
+            let _ = write!(table, " {:>11.2} / {:>10.2}", s[i] * 1e6, p[i] * 1e6);
+        }
+        table.push('\n');
+    }
+    let series = |combining: bool| -> Vec<(&[f64], &[f64])> {
+        CASES
+            .iter()
+            .zip(&fastest)
+            .filter(|(case, _)| case.2 == combining)
+            .map(|(_, (s, p))| (s.as_slice(), p.as_slice()))
+            .collect()
+    };
+    let pull =
+        PullMin { combining: threshold(lengths, &series(true)), plain: threshold(lengths, &series(false)) };
+    let line = pull_line(pull);
+    eprint!("{table}");
+    println!("{line}");
+    if let Some(path) = &args.out {
+        let old = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(xccl::Error::io(format!("reading {}", path.display()), e)),
+        };
+        let text = with_pull_line(&old, &line);
+        // The file must still read as a tuning file (its other lines untouched).
+        xccl::algo::tune::CostModel::default().with_text(&path.display().to_string(), &text)?;
+        std::fs::write(path, text).map_err(|e| xccl::Error::io(format!("writing {}", path.display()), e))?;
+        eprintln!("# written to {} (XCCL_TUNE_FILE={} uses it)", path.display(), path.display());
+    }
+    Ok(())
+}
+
+/// The threshold among `lengths` (increasing, or `usize::MAX`: never pull) whose choice
+/// costs least over the lengths and cases measured (`series`: per case, streamed and pulled
+/// seconds at each length): each length of each case counts the time of the way the
+/// threshold picks for it over the faster way's, so that every length weighs alike and one
+/// noisy length moves the threshold only as far as it is worth. Ties go to the longer
+/// threshold (a stream pins no pages).
+fn threshold(lengths: &[usize], series: &[(&[f64], &[f64])]) -> usize {
+    let cost = |from: usize| -> f64 {
+        series
+            .iter()
+            .flat_map(|(stream, pull)| {
+                (0..lengths.len()).map(move |i| {
+                    let t = if lengths[i] >= from { pull[i] } else { stream[i] };
+                    t / stream[i].min(pull[i])
+                })
+            })
+            .sum()
+    };
+    let mut best = (cost(usize::MAX), usize::MAX);
+    for &from in lengths.iter().rev() {
+        let c = cost(from);
+        if c < best.0 {
+            best = (c, from);
+        }
+    }
+    best.1
+}
+
+/// The tuning file's line for `pull`.
+fn pull_line(pull: PullMin) -> String {
+    let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
+    format!("pull {} {}", bytes(pull.combining), bytes(pull.plain))
+}
+
+/// `text` (a tuning file) with its `pull` lines replaced by `line`, at the end.
+fn with_pull_line(text: &str, line: &str) -> String {
+    let mut out: String = text
+        .lines()
+        .filter(|l| l.split_whitespace().next() != Some("pull"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out += line;
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_threshold_costs_least_over_the_lengths_and_cases_measured() {
+        let lens = [16, 32, 64, 128];
+        let one = |s: &'static [f64], p: &'static [f64]| vec![(s, p)];
+        // Pulling loses at 16 and 32 and wins from 64 on: from 64.
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 0.8, 0.5])), 64);
+        // One noisy length (64 loses by 10%) is not worth pulling 32 and 128 later.
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 1.1, 0.5])), 128);
+        // Wins everywhere: from the shortest measured; loses everywhere: never.
+        assert_eq!(threshold(&lens, &one(&[2.0; 4], &[1.0; 4])), 16);
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[1.5; 4])), usize::MAX);
+        // A tie goes to streaming.
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[1.0; 4])), usize::MAX);
+        // Two cases: one pulls best from 64, the other from 32 with a larger gain there.
+        let two: Vec<(&[f64], &[f64])> =
+            vec![(&[1.0; 4], &[2.0, 1.2, 0.9, 0.9]), (&[1.0; 4], &[2.0, 0.5, 0.5, 0.5])];
+        assert_eq!(threshold(&lens, &two), 32);
+    }
+
+    #[test]
+    fn the_pull_line_replaces_the_files_own_and_reads_back() {
+        let line = pull_line(PullMin { combining: 4 << 20, plain: usize::MAX });
+        assert_eq!(line, "pull 4194304 off");
+        let text = with_pull_line("link shm 1 2 3 4\npull 1 1\n# note\n", &line);
+        assert_eq!(text, "link shm 1 2 3 4\n# note\npull 4194304 off\n");
+        let m = xccl::algo::tune::CostModel::default().with_text("t", &text).unwrap();
+        assert_eq!(m.pull, Some(PullMin { combining: 4 << 20, plain: usize::MAX }));
+        assert_eq!(with_pull_line("", "pull off off"), "pull off off\n");
+    }
+}

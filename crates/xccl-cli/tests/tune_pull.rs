@@ -1,0 +1,93 @@
+//! `xccl tune pull` measures, between real processes, from which length this machine should
+//! pull messages and puts its `pull` line into a tuning file; a job given that file
+//! (`XCCL_TUNE_FILE`) pulls from those lengths, and the settings override it.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{run_ok, text};
+
+fn xccl() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_xccl"))
+}
+
+/// The protocols of every all-gather plan that two processes logged for a 128 KiB
+/// all-gather (64 KiB messages), run with `tune` as their tuning file and `env` set.
+fn plans(tune: &Path, env: &[(&str, &str)]) -> Vec<String> {
+    let x = env!("CARGO_BIN_EXE_xccl");
+    let mut cmd = xccl();
+    cmd.env("XCCL_TUNE_FILE", tune).env("XCCL_DEBUG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_ok(cmd.args([
+        "run",
+        "-n",
+        "2",
+        "--",
+        x,
+        "bench",
+        "all_gather",
+        "--sizes",
+        "128K",
+        "-n",
+        "3",
+        "-w",
+        "1",
+    ]));
+    let all = text(&out);
+    assert!(all.contains("Out of bounds values : 0 OK"), "{all}");
+    let plans: Vec<String> = all
+        .lines()
+        .filter(|l| l.contains("all_gather #") && l.contains("protocols"))
+        .map(|l| l.split("protocols").nth(1).unwrap_or("").to_string())
+        .collect();
+    assert!(!plans.is_empty(), "no plan logged\n{all}");
+    plans
+}
+
+#[test]
+fn the_measured_line_lands_in_the_tuning_file_and_jobs_pull_from_it() {
+    let dir = std::env::temp_dir().join(format!("xccl-tune-pull-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("machine.tune");
+    std::fs::write(&file, "# calibrated here\npull 1 1\n").unwrap();
+    let x = env!("CARGO_BIN_EXE_xccl");
+    let out = run_ok(
+        xccl()
+            .args(["run", "-n", "2", "--", x, "tune", "pull", "--lengths", "16K,64K", "--target-sec", "0.01"])
+            .args(["--reps", "1", "-o"])
+            .arg(&file),
+    );
+    let written = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(lines.len(), 2, "the comment kept, one pull line: {written}");
+    assert_eq!(lines[0], "# calibrated here");
+    let f: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(f.len(), 3, "{written}");
+    assert_eq!(f[0], "pull");
+    for v in &f[1..] {
+        assert!(["16384", "65536", "off"].contains(v), "a length measured, or off: {written}");
+    }
+    assert!(text(&out).contains(lines[1]), "printed too\n{}", text(&out));
+    assert!(text(&out).contains("all_to_all/direct"), "the table\n{}", text(&out));
+
+    // A job follows the file: 64 KiB messages never pulled, then pulled from 16 KiB.
+    std::fs::write(&file, "pull off off\n").unwrap();
+    assert!(plans(&file, &[]).iter().all(|p| !p.contains("pull")));
+    std::fs::write(&file, "pull 16K 16K\n").unwrap();
+    assert!(plans(&file, &[]).iter().all(|p| p.contains("pull")));
+    // The settings override it.
+    assert!(plans(&file, &[("XCCL_PULL_PLAIN_BYTES", "off")]).iter().all(|p| !p.contains("pull")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn one_rank_or_lengths_out_of_order_are_refused_with_what_to_do() {
+    let out = xccl().args(["tune", "pull", "--local", "1"]).output().unwrap();
+    assert!(!out.status.success() && text(&out).contains("xccl run -n 2"), "{}", text(&out));
+    let out = xccl().args(["tune", "pull", "--local", "2", "--lengths", "64K,16K"]).output().unwrap();
+    assert!(!out.status.success() && text(&out).contains("increasing"), "{}", text(&out));
+}
