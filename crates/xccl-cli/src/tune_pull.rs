@@ -8,19 +8,18 @@
 //! µs streamed against 140-205 pulled, and pulls only came out ahead from 4-16 MiB
 //! (docs/PERFORMANCE.md). The built-in thresholds (`protocol::PullMin`) suit the first.
 //!
-//! Under `xccl run` (or with `--local N`), this times a reduce-scatter (messages the
-//! receiver combines) by ring, and an all-gather by ring and an all-to-all by direct
-//! exchange (messages it only places), so that each message is the collective's size over
-//! the ranks, at every length of `--lengths`:
-//! once never pulling and once always, `--reps` times in turns. Per length and way it takes
-//! the fastest repetition (what the way costs; a slow repetition is the machine's moment,
-//! which on a shared guest moved single windows by 2-3x); the threshold is the one that
-//! costs least over every length and case measured, each counted relative to its faster way
-//! (`off`: never pull). Rank 0 prints the
-//! table and the tuning file's `pull` line, and with `-o FILE` puts that line into FILE
-//! (replacing a `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as
-//! many ranks per host as the jobs it tunes for: on a host with more ranks than cores,
-//! streaming waits for sender and receiver to share a core, and the answer differs.
+//! Under `xccl run` (or with `--local N`), this times three cases at every length of
+//! `--lengths`, once never pulling and once always, `--reps` times in turns: a ring
+//! reduce-scatter (messages the receiver combines), a ring all-gather and a direct
+//! all-to-all (messages it only places), each message carrying the collective's size over
+//! the ranks. Per length and way it takes the fastest repetition (what the way costs; a slow
+//! repetition is the machine's moment, which on a shared guest moved single windows by
+//! 2-3x); the threshold is the one that costs least over every length and case measured,
+//! each counted relative to its faster way (`off`: never pull). Rank 0 prints the table and
+//! the tuning file's `pull` line, and with `-o FILE` puts that line into FILE (replacing a
+//! `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as many ranks per
+//! host as the jobs it tunes for: on a host with more ranks than cores, streaming waits for
+//! sender and receiver to share a core, and the answer differs.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -69,15 +68,22 @@ pub fn run(args: &PullArgs) -> xccl::Result<()> {
     bench::on_ranks(args.local, xccl::Config::from_env()?, |c| measure_rank(c, args, &lengths))
 }
 
-/// The cases measured: a collective, the algorithm forced on it (each of its messages then
-/// carries the collective's size over the ranks), and whether its receivers combine. The
-/// placed messages are measured twice: one a step (the ring) and to every peer at once
+/// One case measured: a collective and the algorithm forced on it (each of its messages then
+/// carries the collective's size over the ranks).
+struct Case {
+    kind: CollKind,
+    algo: Algorithm,
+    /// Its receivers combine what they receive.
+    combines: bool,
+}
+
+/// The placed messages are measured twice: one a step (the ring) and to every peer at once
 /// (all-to-all's direct exchange, where a rank that pulls need not wait for its senders'
 /// turns on crowded cores).
-const CASES: [(CollKind, Algorithm, bool); 3] = [
-    (CollKind::ReduceScatter, Algorithm::Ring, true),
-    (CollKind::AllGather, Algorithm::Ring, false),
-    (CollKind::AllToAll, Algorithm::Direct, false),
+const CASES: [Case; 3] = [
+    Case { kind: CollKind::ReduceScatter, algo: Algorithm::Ring, combines: true },
+    Case { kind: CollKind::AllGather, algo: Algorithm::Ring, combines: false },
+    Case { kind: CollKind::AllToAll, algo: Algorithm::Direct, combines: false },
 ];
 
 fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::Result<()> {
@@ -90,11 +96,11 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     }
     // Per case, two communicators forced to its algorithm: never pulling, and always.
     let mut comms = Vec::new();
-    for (kind, algo, _) in CASES {
+    for case in &CASES {
         let mut pair = Vec::new();
         for pull in [usize::MAX, 1] {
             let mut config = c.config().clone();
-            config.algos.set(kind, algo)?;
+            config.algos.set(case.kind, case.algo)?;
             config.pull_min = PullMin { combining: pull, plain: pull };
             pair.push(c.dup_with(config)?);
         }
@@ -103,8 +109,9 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     // times[case][way][length]: each repetition's seconds.
     let mut times = vec![vec![vec![Vec::new(); lengths.len()]; 2]; CASES.len()];
     for _ in 0..args.reps {
-        for (k, (kind, _, _)) in CASES.iter().enumerate() {
-            let bargs = BenchArgs::timed(Coll { kind: *kind, uneven: false }, args.target_sec);
+        for (k, case) in CASES.iter().enumerate() {
+            let kind = case.kind;
+            let bargs = BenchArgs::timed(Coll { kind, uneven: false }, args.target_sec);
             for (i, &len) in lengths.iter().enumerate() {
                 for (way, comm) in comms[k].iter().enumerate() {
                     let (row, _) = bench::measure::<f32>(comm, &bargs, len * n)?;
@@ -137,8 +144,8 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         args.reps
     );
     let _ = write!(table, "# {:>10}", "length");
-    for (kind, algo, _) in CASES {
-        let _ = write!(table, " {:>24}", format!("{}/{algo}", kind.name()));
+    for case in &CASES {
+        let _ = write!(table, " {:>24}", format!("{}/{}", case.kind.name(), case.algo));
     }
     table.push('\n');
     for (i, &len) in lengths.iter().enumerate() {
@@ -152,7 +159,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         CASES
             .iter()
             .zip(&fastest)
-            .filter(|(case, _)| case.2 == combining)
+            .filter(|(case, _)| case.combines == combining)
             .map(|(_, (s, p))| (s.as_slice(), p.as_slice()))
             .collect()
     };
