@@ -253,7 +253,7 @@ fn simulate(args: &SimTrainArgs) -> Result<(), String> {
         println!("# pipeline: {} schedule, stages {:?}", pc.schedule, p.stages);
     }
     println!(
-        "# compute: {}; x{slowdown:.2} for ranks sharing a host's cores ({crowd:.2} busy threads a core with every rank computing); x{:.3} waiting for the slowest of {} groups of {} rank(s) (from {} measured at once)",
+        "# compute: {}; x{slowdown:.2} for ranks sharing a host's cores ({crowd:.2} busy threads a core with every rank computing); x{:.3} waiting for the slowest of {} group(s) of {} rank(s) (from {} measured at once)",
         profile.source,
         profile.spread.wait_factor(ranks / layout.tp),
         ranks / layout.tp,
