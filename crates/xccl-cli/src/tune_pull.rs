@@ -15,7 +15,8 @@
 //! the ranks. Per length and way it takes the fastest repetition (what the way costs; a slow
 //! repetition is the machine's moment, which on a shared guest moved single windows by
 //! 2-3x); the threshold is the one that costs least over every length and case measured,
-//! each counted relative to its faster way (`off`: never pull). Rank 0 prints the table and
+//! each counted relative to its faster way, where the ways tie within 10% the built-in
+//! threshold's choice standing (`off`: never pull). Rank 0 prints the table and
 //! the tuning file's `pull` line, and with `-o FILE` puts that line into FILE (replacing a
 //! `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as many ranks per
 //! host as the jobs it tunes for: on a host with more ranks than cores, streaming waits for
@@ -163,8 +164,11 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
             .map(|(_, (s, p))| (s.as_slice(), p.as_slice()))
             .collect()
     };
-    let pull =
-        PullMin { combining: threshold(lengths, &series(true)), plain: threshold(lengths, &series(false)) };
+    let built_in = PullMin::default();
+    let pull = PullMin {
+        combining: threshold(lengths, &series(true), built_in.combining),
+        plain: threshold(lengths, &series(false), built_in.plain),
+    };
     let line = pull_line(pull);
     eprint!("{table}");
     println!("{line}");
@@ -183,20 +187,30 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     Ok(())
 }
 
+/// Two ways within this fraction of each other at a length are a tie: on a noisy machine the
+/// fastest window of either can land on either side of the other.
+const TIE: f64 = 0.10;
+
 /// The threshold among `lengths` (increasing, or `usize::MAX`: never pull) whose choice
 /// costs least over the lengths and cases measured (`series`: per case, streamed and pulled
 /// seconds at each length): each length of each case counts the time of the way the
 /// threshold picks for it over the faster way's, so that every length weighs alike and one
-/// noisy length moves the threshold only as far as it is worth. Ties go to the longer
-/// threshold (a stream pins no pages).
-fn threshold(lengths: &[usize], series: &[(&[f64], &[f64])]) -> usize {
+/// noisy length moves the threshold only as far as it is worth. Where the two ways tie
+/// ([`TIE`]) the way `built_in` (the threshold without a measurement) picks costs nothing
+/// and the other a trifle: the measurement moves the threshold only where it shows a
+/// difference. Equal costs go to the longer threshold (a stream pins no pages).
+fn threshold(lengths: &[usize], series: &[(&[f64], &[f64])], built_in: usize) -> usize {
     let cost = |from: usize| -> f64 {
         series
             .iter()
             .flat_map(|(stream, pull)| {
                 (0..lengths.len()).map(move |i| {
-                    let t = if lengths[i] >= from { pull[i] } else { stream[i] };
-                    t / stream[i].min(pull[i])
+                    let (s, p, pulls) = (stream[i], pull[i], lengths[i] >= from);
+                    if (s - p).abs() <= TIE * s.min(p) {
+                        if pulls == (lengths[i] >= built_in) { 1.0 } else { 1.0 + 1e-3 }
+                    } else {
+                        (if pulls { p } else { s }) / s.min(p)
+                    }
                 })
             })
             .sum()
@@ -237,19 +251,34 @@ mod tests {
     fn the_threshold_costs_least_over_the_lengths_and_cases_measured() {
         let lens = [16, 32, 64, 128];
         let one = |s: &'static [f64], p: &'static [f64]| vec![(s, p)];
+        // No built-in preference (it would pull from beyond every length measured).
+        let none = usize::MAX;
         // Pulling loses at 16 and 32 and wins from 64 on: from 64.
-        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 0.8, 0.5])), 64);
-        // One noisy length (64 loses by 10%) is not worth pulling 32 and 128 later.
-        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 1.1, 0.5])), 128);
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 0.8, 0.5]), none), 64);
+        // One noisy length (64 loses by 20%) is not worth pulling 32 and 128 later.
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[2.0, 1.5, 1.2, 0.5]), none), 128);
         // Wins everywhere: from the shortest measured; loses everywhere: never.
-        assert_eq!(threshold(&lens, &one(&[2.0; 4], &[1.0; 4])), 16);
-        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[1.5; 4])), usize::MAX);
-        // A tie goes to streaming.
-        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[1.0; 4])), usize::MAX);
+        assert_eq!(threshold(&lens, &one(&[2.0; 4], &[1.0; 4]), none), 16);
+        assert_eq!(threshold(&lens, &one(&[1.0; 4], &[1.5; 4]), none), usize::MAX);
         // Two cases: one pulls best from 64, the other from 32 with a larger gain there.
         let two: Vec<(&[f64], &[f64])> =
-            vec![(&[1.0; 4], &[2.0, 1.2, 0.9, 0.9]), (&[1.0; 4], &[2.0, 0.5, 0.5, 0.5])];
-        assert_eq!(threshold(&lens, &two), 32);
+            vec![(&[1.0; 4], &[2.0, 1.2, 0.8, 0.8]), (&[1.0; 4], &[2.0, 0.5, 0.5, 0.5])];
+        assert_eq!(threshold(&lens, &two, none), 32);
+    }
+
+    #[test]
+    fn where_the_ways_tie_the_built_in_threshold_stands() {
+        let lens = [16, 32, 64, 128];
+        let s: &[f64] = &[1.0; 4];
+        // Streaming clearly ahead at 16, ties (within 10%) from 32 on: the built-in 32 stands,
+        // and so would a built-in 128; a built-in 16 gives way to what 16 shows.
+        let p: &[f64] = &[1.5, 1.05, 0.95, 1.08];
+        assert_eq!(threshold(&lens, &[(s, p)], 32), 32);
+        assert_eq!(threshold(&lens, &[(s, p)], 128), 128);
+        assert_eq!(threshold(&lens, &[(s, p)], 16), 32);
+        // Everything tied: the built-in, or never where it is beyond every length.
+        assert_eq!(threshold(&lens, &[(s, &[1.02; 4])], 64), 64);
+        assert_eq!(threshold(&lens, &[(s, &[1.02; 4])], usize::MAX), usize::MAX);
     }
 
     #[test]
