@@ -12,9 +12,11 @@
 //! `--lengths`, once never pulling and once always, `--reps` times in turns: a ring
 //! reduce-scatter (messages the receiver combines), a ring all-gather and a direct
 //! all-to-all (messages it only places), each message carrying the collective's size over
-//! the ranks. Per length and way it takes the fastest repetition (what the way costs; a slow
-//! repetition is the machine's moment, which on a shared guest moved single windows by
-//! 2-3x); the threshold is the one that costs least over every length and case measured,
+//! the ranks. Per length and way it takes the median repetition: the fastest favoured
+//! streaming, whose windows scatter more (it needs sender and receiver on a core at once),
+//! and picked thresholds under which 2 MiB messages then ran 1.4-1.7x slower than pulled in
+//! every later comparison; the threshold is the one that costs least over every length and
+//! case measured,
 //! each counted relative to its faster way, where the ways tie within 10% the built-in
 //! threshold's choice standing (`off`: never pull). Rank 0 prints the table and
 //! the tuning file's `pull` line, and with `-o FILE` puts that line into FILE (replacing a
@@ -40,7 +42,7 @@ pub struct PullArgs {
     /// Seconds each timed loop should last.
     #[arg(long, default_value_t = 0.1)]
     target_sec: f64,
-    /// Measurements of each case, taken in turns over the lengths and both ways; the fastest
+    /// Measurements of each case, taken in turns over the lengths and both ways; the median
     /// counts.
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -130,18 +132,16 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     if c.rank() != 0 {
         return Ok(());
     }
-    // Per case: (streamed, pulled), the fastest repetition at each length.
-    let fastest: Vec<(Vec<f64>, Vec<f64>)> = times
+    // Per case: (streamed, pulled), the median repetition at each length.
+    let typical: Vec<(Vec<f64>, Vec<f64>)> = times
         .iter()
         .map(|ways| {
-            let best = |w: &Vec<Vec<f64>>| {
-                w.iter().map(|r| r.iter().copied().fold(f64::INFINITY, f64::min)).collect()
-            };
+            let best = |w: &Vec<Vec<f64>>| w.iter().map(|r| median(r)).collect();
             (best(&ways[0]), best(&ways[1]))
         })
         .collect();
     let mut table = format!(
-        "# xccl tune pull: {n} ranks, the fastest of {} repetitions (µs), streamed / pulled\n",
+        "# xccl tune pull: {n} ranks, the median of {} repetitions (µs), streamed / pulled\n",
         args.reps
     );
     let _ = write!(table, "# {:>10}", "length");
@@ -151,7 +151,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     table.push('\n');
     for (i, &len) in lengths.iter().enumerate() {
         let _ = write!(table, "  {len:>10}");
-        for (s, p) in &fastest {
+        for (s, p) in &typical {
             let _ = write!(table, " {:>11.2} / {:>10.2}", s[i] * 1e6, p[i] * 1e6);
         }
         table.push('\n');
@@ -159,7 +159,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     let series = |combining: bool| -> Vec<(&[f64], &[f64])> {
         CASES
             .iter()
-            .zip(&fastest)
+            .zip(&typical)
             .filter(|(case, _)| case.combines == combining)
             .map(|(_, (s, p))| (s.as_slice(), p.as_slice()))
             .collect()
@@ -188,7 +188,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
 }
 
 /// Two ways within this fraction of each other at a length are a tie: on a noisy machine the
-/// fastest window of either can land on either side of the other.
+/// median window of either can land on either side of the other.
 const TIE: f64 = 0.10;
 
 /// The threshold among `lengths` (increasing, or `usize::MAX`: never pull) whose choice
@@ -241,6 +241,17 @@ fn with_pull_line(text: &str, line: &str) -> String {
     out += line;
     out.push('\n');
     out
+}
+
+/// The median of `v` (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
 }
 
 #[cfg(test)]
