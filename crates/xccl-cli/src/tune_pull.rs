@@ -28,6 +28,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use xccl::algo::Algorithm;
+use xccl::algo::tune::CostModel;
 use xccl::protocol::PullMin;
 use xccl::{CollKind, Communicator};
 
@@ -136,7 +137,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     let typical: Vec<(Vec<f64>, Vec<f64>)> = times
         .iter()
         .map(|ways| {
-            let best = |w: &Vec<Vec<f64>>| w.iter().map(|r| median(r)).collect();
+            let best = |w: &Vec<Vec<f64>>| w.iter().map(|r| bench::median(&mut r.clone())).collect();
             (best(&ways[0]), best(&ways[1]))
         })
         .collect();
@@ -169,7 +170,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         combining: threshold(lengths, &series(true), built_in.combining),
         plain: threshold(lengths, &series(false), built_in.plain),
     };
-    let line = pull_line(pull);
+    let line = CostModel::pull_line(pull);
     eprint!("{table}");
     println!("{line}");
     if let Some(path) = &args.out {
@@ -180,7 +181,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         };
         let text = with_pull_line(&old, &line);
         // The file must still read as a tuning file (its other lines untouched).
-        xccl::algo::tune::CostModel::default().with_text(&path.display().to_string(), &text)?;
+        CostModel::default().with_text(&path.display().to_string(), &text)?;
         std::fs::write(path, text).map_err(|e| xccl::Error::io(format!("writing {}", path.display()), e))?;
         eprintln!("# written to {} (XCCL_TUNE_FILE={} uses it)", path.display(), path.display());
     }
@@ -225,12 +226,6 @@ fn threshold(lengths: &[usize], series: &[(&[f64], &[f64])], built_in: usize) ->
     best.1
 }
 
-/// The tuning file's line for `pull`.
-fn pull_line(pull: PullMin) -> String {
-    let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
-    format!("pull {} {}", bytes(pull.combining), bytes(pull.plain))
-}
-
 /// `text` (a tuning file) with its `pull` lines replaced by `line`, at the end.
 fn with_pull_line(text: &str, line: &str) -> String {
     let mut out: String = text
@@ -241,17 +236,6 @@ fn with_pull_line(text: &str, line: &str) -> String {
     out += line;
     out.push('\n');
     out
-}
-
-/// The median of `v` (NaN when empty).
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
 }
 
 #[cfg(test)]
@@ -294,11 +278,11 @@ mod tests {
 
     #[test]
     fn the_pull_line_replaces_the_files_own_and_reads_back() {
-        let line = pull_line(PullMin { combining: 4 << 20, plain: usize::MAX });
+        let line = CostModel::pull_line(PullMin { combining: 4 << 20, plain: usize::MAX });
         assert_eq!(line, "pull 4194304 off");
         let text = with_pull_line("link shm 1 2 3 4\npull 1 1\n# note\n", &line);
         assert_eq!(text, "link shm 1 2 3 4\n# note\npull 4194304 off\n");
-        let m = xccl::algo::tune::CostModel::default().with_text("t", &text).unwrap();
+        let m = CostModel::default().with_text("t", &text).unwrap();
         assert_eq!(m.pull, Some(PullMin { combining: 4 << 20, plain: usize::MAX }));
         assert_eq!(with_pull_line("", "pull off off"), "pull off off\n");
     }

@@ -230,6 +230,16 @@ pub(crate) fn on_ranks(
     }
 }
 
+/// The median of `v` (reordered); 0 when empty.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     xccl::parse_bytes("size", s, 0, usize::MAX).map_err(|e| e.to_string())
 }

@@ -14,6 +14,7 @@ use xccl_train::trace::{Span, Trace};
 
 use super::spans::{apply_groups, apply_spans};
 use super::spread::Spread;
+use crate::bench::median;
 
 /// One block of the model as one tensor-parallel rank runs it on one micro-batch.
 #[derive(Clone, Debug, PartialEq)]
@@ -227,16 +228,6 @@ fn measure_rank(
         }
     }
     Ok((blocks, slots, runs))
-}
-
-/// The median of `v` (reordered); 0 when empty.
-pub(super) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
 }
 
 /// Seconds per element of the optimiser's update, measured on a vector of `len` elements

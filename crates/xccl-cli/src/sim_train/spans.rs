@@ -14,8 +14,9 @@ use serde_json::Value;
 use xccl::{CollKind, SpanOp};
 use xccl_train::trace::{Kind, Span, op_from_json};
 
-use super::measure::{BlockTimes, Profile, median};
+use super::measure::{BlockTimes, Profile};
 use super::spread::Spread;
+use crate::bench::median;
 
 /// The kind and bytes (of this rank's input) of a collective span.
 pub fn collective(op: Option<SpanOp>) -> Option<(CollKind, usize)> {

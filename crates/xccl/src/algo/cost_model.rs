@@ -217,6 +217,13 @@ impl CostModel {
         Ok(self)
     }
 
+    /// A tuning file's line for pull thresholds `p` (without its newline), as
+    /// [`CostModel::with_text`] reads it: `pull COMBINING PLAIN`, `off` for never.
+    pub fn pull_line(p: PullMin) -> String {
+        let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
+        format!("pull {} {}", bytes(p.combining), bytes(p.plain))
+    }
+
     /// The factors (latency, bandwidth) on messages that travel by `p`.
     pub fn protocol_factors(&self, p: Protocol) -> (f64, f64) {
         self.protocols.iter().find(|q| q.0 == p).map_or((1.0, 1.0), |q| (q.1, q.2))
@@ -236,8 +243,8 @@ impl CostModel {
         }
         out += &format!("switch {:.4}\n", self.switch * 1e6);
         if let Some(p) = self.pull {
-            let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
-            out += &format!("pull {} {}\n", bytes(p.combining), bytes(p.plain));
+            out += &CostModel::pull_line(p);
+            out.push('\n');
         }
         for (p, lat, bw) in &self.protocols {
             out += &format!("protocol {p} {lat:.4} {bw:.4}\n");
