@@ -463,7 +463,7 @@ fn fit(args: &FitArgs) -> xccl::Result<()> {
         );
         default.clone()
     } else {
-        let (fitted, used, _) = fit_model(&records, &default);
+        let (mut fitted, used, _) = fit_model(&records, &default);
         println!("# fitted over {} measurements: rms log error {:.3}", records.len(), rms(&fitted));
         let show = |c: &LinkCost| {
             format!("{:.3},{:.3},{:.3},{:.3}", c.alpha * 1e6, 1e-9 / c.beta, 1e-9 / c.gamma, 1e-9 / c.delta)
@@ -478,6 +478,13 @@ fn fit(args: &FitArgs) -> xccl::Result<()> {
         }
         println!("# {} algorithm efficiencies fitted", fitted.efficiency.len());
         if let Some(path) = &args.out {
+            // Pull thresholds are measured apart (`xccl tune pull`), not fitted: the line of
+            // the file rewritten stays, else that of `XCCL_TUNE_FILE`.
+            fitted.pull = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|old| CostModel::default().with_text(&path.display().to_string(), &old).ok())
+                .and_then(|old| old.pull)
+                .or(default.pull);
             let text = format!(
                 "# Written by xccl tune fit from {} measurements; use with XCCL_TUNE_FILE.\n{}",
                 records.len(),

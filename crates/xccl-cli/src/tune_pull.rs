@@ -22,13 +22,14 @@
 //! the tuning file's `pull` line, and with `-o FILE` puts that line into FILE (replacing a
 //! `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as many ranks per
 //! host as the jobs it tunes for: on a host with more ranks than cores, streaming waits for
-//! sender and receiver to share a core, and the answer differs.
+//! sender and receiver to share a core, and the answer differs. A job whose ranks span
+//! hosts, or talk TCP (`XCCL_SHM=0`), is refused on every rank before anything is timed.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use xccl::algo::Algorithm;
-use xccl::algo::tune::CostModel;
+use xccl::algo::tune::{CostModel, LinkClass};
 use xccl::protocol::PullMin;
 use xccl::{CollKind, Communicator};
 
@@ -95,6 +96,23 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
     if n < 2 {
         return Err(xccl::Error::Config(
             "xccl tune pull measures messages between ranks: run it under `xccl run -n 2` (or more), or with --local 2"
+                .into(),
+        ));
+    }
+    // Known on every rank before anything is sent: the placement is the bootstrap's.
+    let place = c.placement();
+    let hosts = place.hosts.iter().collect::<std::collections::BTreeSet<_>>().len();
+    if hosts > 1 {
+        return Err(xccl::Error::Config(format!(
+            "xccl tune pull measures shared memory between the ranks of one host, and this job's {n} ranks \
+             are on {hosts} hosts: run it on one host (`xccl run -n R` there, R as many ranks as the jobs \
+             it tunes put on a host) and give the file to every host of the same kind"
+        )));
+    }
+    if place.intra == LinkClass::Tcp {
+        return Err(xccl::Error::Config(
+            "xccl tune pull measures shared memory, and XCCL_SHM=0 has these ranks talk over TCP, \
+             which never pulls: unset XCCL_SHM"
                 .into(),
         ));
     }

@@ -91,3 +91,74 @@ fn one_rank_or_lengths_out_of_order_are_refused_with_what_to_do() {
     let out = xccl().args(["tune", "pull", "--local", "2", "--lengths", "64K,16K"]).output().unwrap();
     assert!(!out.status.success() && text(&out).contains("increasing"), "{}", text(&out));
 }
+
+/// Two ranks on two hosts (`XCCL_HOST_KEY`, as on the emulated cluster's machines), or two
+/// ranks of one host told to use TCP: both ranks refuse before measuring, saying what to do.
+#[test]
+fn a_job_across_hosts_or_over_tcp_is_refused_on_every_rank() {
+    let x = env!("CARGO_BIN_EXE_xccl");
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).unwrap().port().to_string();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            xccl()
+                .args(["tune", "pull", "--lengths", "16K", "--reps", "1"])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", "0")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("XCCL_HOST_KEY", format!("tune-pull-host{r}"))
+                .env("XCCL_TIMEOUT", "60")
+                .env_remove("XCCL_STORE_ADDR")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let t = text(&out);
+        assert!(
+            !out.status.success() && t.contains("are on 2 hosts") && t.contains("run it on one host"),
+            "rank {r}: {t}"
+        );
+    }
+    let out = xccl()
+        .env("XCCL_SHM", "0")
+        .args(["run", "-n", "2", "--", x, "tune", "pull", "--lengths", "16K", "--reps", "1"])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(!out.status.success() && t.matches("unset XCCL_SHM").count() >= 2, "both ranks say it: {t}");
+}
+
+/// `xccl tune fit -o FILE` rewrites FILE with the fitted constants and keeps its `pull` line,
+/// measured apart; the file then still reads as a tuning file.
+#[test]
+fn a_fit_written_over_the_file_keeps_its_pull_line() {
+    let dir = std::env::temp_dir().join(format!("xccl-tune-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = dir.join("measured.tsv");
+    std::fs::write(
+        &records,
+        "shm\ttcp\t0,0\t2,2\tall_reduce\tring\t8\t2\t4\t0\t1e-6\n\
+         shm\ttcp\t0,0\t2,2\tall_reduce\tring\t1048576\t2\t4\t0\t1e-4\n\
+         shm\ttcp\t0,0\t2,2\tall_reduce\trecursive_doubling\t1048576\t2\t4\t0\t2e-4\n",
+    )
+    .unwrap();
+    let file = dir.join("machine.tune");
+    std::fs::write(&file, "pull 1M off\n").unwrap();
+    run_ok(xccl().arg("tune").arg("fit").arg(&records).arg("-o").arg(&file));
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.contains("link shm "), "the fit written: {written}");
+    assert_eq!(
+        written.lines().filter(|l| l.starts_with("pull")).collect::<Vec<_>>(),
+        ["pull 1048576 off"],
+        "{written}"
+    );
+    // A job reads it: 64 KiB placed messages are never pulled under `off`.
+    assert!(plans(&file, &[]).iter().all(|p| !p.contains("pull")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
