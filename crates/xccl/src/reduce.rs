@@ -162,6 +162,9 @@ fn zip_into<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
     }
 }
 
+// The kernels below are also compiled for AVX2 and chosen at run time: the crate's baseline
+// (x86-64's SSE2) halves their width, and they are the compute of every reduction.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn combine_typed<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
     match op.combiner() {
         ReduceOp::Sum | ReduceOp::Avg => zip_in_place(dst, src, T::add),
@@ -171,6 +174,7 @@ fn combine_typed<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
     }
 }
 
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn combine_into_typed<T: Arith>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
     match op.combiner() {
         ReduceOp::Sum | ReduceOp::Avg => zip_into(dst, a, b, T::add),
@@ -226,10 +230,10 @@ pub(crate) fn combine_into(dtype: DType, op: ReduceOp, dst: &mut [u8], a: &[u8],
 
 /// `dst = a ⊕ b` like [`combine_into`], but writing `dst` around the caches: for results much
 /// larger than the caches, whose cache lines would only be fetched to be overwritten and then
-/// evict data still needed. Computes a tile at a time in L1 and streams it out with
-/// non-temporal stores; the stores are fenced before returning, so whatever is written after
-/// (an acknowledgement to a peer that will read `dst`) is ordered after them. Elsewhere than
-/// on x86-64 it is [`combine_into`].
+/// evict data still needed. One pass: each chunk is computed in registers and streamed out
+/// with non-temporal stores, fenced before returning, so that whatever is written after (an
+/// acknowledgement to a peer that will read `dst`) is ordered after them. Elsewhere than on
+/// x86-64 the stores are plain.
 pub(crate) fn combine_into_uncached(
     dtype: DType,
     op: ReduceOp,
@@ -237,36 +241,10 @@ pub(crate) fn combine_into_uncached(
     a: &[u8],
     b: &[u8],
 ) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if dst.len() != a.len() || dst.len() != b.len() {
-            return combine_into(dtype, op, dst, a, b);
-        }
-        by_tiles(dst.len(), |r, t| {
-            combine_into(dtype, op, t, &a[r.clone()], &b[r.clone()])?;
-            stream_copy(&mut dst[r], t);
-            Ok(())
-        })
+    if dst.len() != a.len() || dst.len() != b.len() {
+        return combine_into(dtype, op, dst, a, b);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    combine_into(dtype, op, dst, a, b)
-}
-
-/// Runs `f(range, tile)` over `0..len` a 4 KiB tile at a time (`tile`: scratch of the range's
-/// length, in L1), then fences the non-temporal stores `f` made, so that whatever is written
-/// after (an acknowledgement to a peer that will read them) is ordered after them.
-#[cfg(target_arch = "x86_64")]
-fn by_tiles(len: usize, mut f: impl FnMut(std::ops::Range<usize>, &mut [u8]) -> Result<()>) -> Result<()> {
-    const TILE: usize = 4096;
-    let mut tile = [0u64; TILE / 8];
-    let mut at = 0;
-    while at < len {
-        let n = TILE.min(len - at);
-        f(at..at + n, &mut bytemuck::cast_slice_mut::<u64, u8>(&mut tile)[..n])?;
-        at += n;
-    }
-    // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
-    unsafe { std::arch::x86_64::_mm_sfence() };
+    crate::with_element!(dtype, T => combine_streamed_typed::<T, &[T]>(op, typed_mut(dst)?, typed(a)?, typed(b)?));
     Ok(())
 }
 
@@ -283,43 +261,114 @@ pub(crate) fn combine_into_uncached_keeping(
     if dst.len() != a.len() || dst.len() != b.len() {
         return combine_into(dtype, op, dst, a, b);
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        by_tiles(dst.len(), |r, t| {
-            combine_into(dtype, op, t, &a[r.clone()], &b[r.clone()])?;
-            crate::copy::copy(&mut b[r.clone()], t);
-            stream_copy(&mut dst[r], t);
-            Ok(())
-        })
+    crate::with_element!(dtype, T => combine_streamed_typed::<T, Kept<'_, T>>(op, typed_mut(dst)?, typed(a)?, Kept(typed_mut(b)?)));
+    Ok(())
+}
+
+/// The second operand of a streamed combination: read a chunk at a time, and where the
+/// result is kept there too, overwritten with it.
+trait Operand<T> {
+    /// Its elements `at..at + n`.
+    fn chunk(&self, at: usize, n: usize) -> &[T];
+    /// Takes the result of elements `at..at + r.len()`.
+    fn keep(&mut self, at: usize, r: &[T]);
+}
+
+impl<T> Operand<T> for &[T] {
+    #[inline(always)]
+    fn chunk(&self, at: usize, n: usize) -> &[T] {
+        &self[at..at + n]
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        combine_into(dtype, op, dst, a, b)?;
-        crate::copy::copy(b, dst);
-        Ok(())
+    #[inline(always)]
+    fn keep(&mut self, _: usize, _: &[T]) {}
+}
+
+/// An operand that also keeps the result.
+struct Kept<'a, T>(&'a mut [T]);
+
+impl<T: Copy> Operand<T> for Kept<'_, T> {
+    #[inline(always)]
+    fn chunk(&self, at: usize, n: usize) -> &[T] {
+        &self.0[at..at + n]
+    }
+    #[inline(always)]
+    fn keep(&mut self, at: usize, r: &[T]) {
+        self.0[at..at + r.len()].copy_from_slice(r);
     }
 }
 
-/// Copies `src` to `dst` (the same length) with non-temporal stores where `dst` is 16-byte
-/// aligned, plain copies for the unaligned ends.
-#[cfg(target_arch = "x86_64")]
-fn stream_copy(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+/// Elements computed at a time by [`fold_streamed`], in registers: sixteen of any element
+/// type are a whole number of 16-byte streaming stores.
+const CHUNK: usize = 16;
+
+#[multiversion::multiversion(targets("x86_64+avx2"))]
+fn combine_streamed_typed<T: Arith, B: Operand<T>>(op: ReduceOp, dst: &mut [T], a: &[T], b: B) {
+    match op.combiner() {
+        ReduceOp::Sum | ReduceOp::Avg => fold_streamed(dst, a, b, T::add),
+        ReduceOp::Prod => fold_streamed(dst, a, b, T::mul),
+        ReduceOp::Min => fold_streamed(dst, a, b, T::min),
+        ReduceOp::Max => fold_streamed(dst, a, b, T::max),
+    }
+}
+
+/// `dst = a ⊕ b` (`f`, lengths equal), each chunk computed once and streamed to `dst`; the
+/// elements before `dst`'s first 16-byte boundary and after its last whole chunk are written
+/// plainly.
+#[inline(always)]
+fn fold_streamed<T: Arith>(dst: &mut [T], a: &[T], mut b: impl Operand<T>, f: impl Fn(T, T) -> T) {
     let head = dst.as_ptr().align_offset(16).min(dst.len());
-    dst[..head].copy_from_slice(&src[..head]);
-    let body = (dst.len() - head) / 16 * 16;
-    for k in (head..head + body).step_by(16) {
-        // SAFETY: `k + 16 <= head + body <= len` for both slices; `dst + k` is 16-byte aligned
-        // (`head` aligns it and `k - head` is a multiple of 16), as the streaming store needs;
-        // the load takes any alignment.
-        unsafe {
-            _mm_stream_si128(
-                dst.as_mut_ptr().add(k).cast::<__m128i>(),
-                _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>()),
-            );
+    let (d_head, d_body) = dst.split_at_mut(head);
+    let (a_head, a_body) = a.split_at(head);
+    let plain = |d: &mut [T], x: &[T], at: usize, b: &mut dyn Operand<T>| {
+        for ((o, x), y) in d.iter_mut().zip(x).zip(b.chunk(at, x.len())) {
+            *o = f(*x, *y);
+        }
+        b.keep(at, d);
+    };
+    plain(d_head, a_head, 0, &mut b);
+    let mut d = d_body.chunks_exact_mut(CHUNK);
+    let mut x = a_body.chunks_exact(CHUNK);
+    let mut at = head;
+    for (dc, xc) in (&mut d).zip(&mut x) {
+        let y = b.chunk(at, CHUNK);
+        let mut r = [xc[0]; CHUNK];
+        for i in 0..CHUNK {
+            r[i] = f(xc[i], y[i]);
+        }
+        b.keep(at, &r);
+        stream_chunk(bytemuck::cast_slice_mut(dc), bytemuck::cast_slice(&r));
+        at += CHUNK;
+    }
+    plain(d.into_remainder(), x.remainder(), at, &mut b);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a store fence has no preconditions (SSE is part of every x86-64).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Writes `src` to `dst` (equal lengths, a multiple of 16, `dst` 16-byte aligned) with
+/// non-temporal stores; elsewhere than on x86-64, plainly.
+#[inline(always)]
+fn stream_chunk(dst: &mut [u8], src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        debug_assert!(dst.len() == src.len() && dst.len() % 16 == 0 && dst.as_ptr().align_offset(16) == 0);
+        for (d, s) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
+            // SAFETY: both pieces hold 16 bytes; `d` is 16-byte aligned (the caller's `dst`
+            // is, and every piece lies a multiple of 16 bytes into it), as the streaming
+            // store needs; the load takes any alignment.
+            unsafe {
+                _mm_stream_si128(
+                    d.as_mut_ptr().cast::<__m128i>(),
+                    _mm_loadu_si128(s.as_ptr().cast::<__m128i>()),
+                )
+            }
         }
     }
-    dst[head + body..].copy_from_slice(&src[head + body..]);
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
 }
 
 /// Applies the final step of `op` to a fully combined result (`Avg` divides by `nranks`).
@@ -423,6 +472,48 @@ mod tests {
             assert_eq!(want, got, "kept, offset {skip} elements");
             let want = &bytemuck::cast_slice::<u32, u8>(&want)[4 * skip..];
             assert_eq!(&kept[..], want, "the copy kept, offset {skip} elements");
+        }
+    }
+
+    /// Every type and operator, the destination at every offset of a 16-byte line: the one-pass
+    /// streamed kernels give, element by element, the naive reduction's bits (and the kept
+    /// copy the same).
+    #[test]
+    fn streamed_kernels_equal_the_naive_reduction_for_every_type_and_operator() {
+        fn check<T: Element>(op: ReduceOp) {
+            let n = 1000;
+            let a: Vec<T> = (0..n).map(|i| T::from_f64(((i * 7) % 23) as f64 - 9.5)).collect();
+            let b: Vec<T> = (0..n).map(|i| T::from_f64(((i * 5) % 13) as f64 - 4.0)).collect();
+            let want: Vec<T> =
+                a.iter().zip(&b).map(|(x, y)| reference_reduce(op.combiner(), &[*x, *y]).unwrap()).collect();
+            let size = std::mem::size_of::<T>();
+            for skip in 0..16 / size {
+                let len = n - skip;
+                let (ab, bb) =
+                    (bytemuck::cast_slice::<T, u8>(&a[..len]), bytemuck::cast_slice::<T, u8>(&b[..len]));
+                let mut out = vec![T::from_f64(0.0); n];
+                let o = &mut bytemuck::cast_slice_mut::<T, u8>(&mut out)[skip * size..];
+                combine_into_uncached(T::DTYPE, op, o, ab, bb).unwrap();
+                let bits = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+                assert_eq!(bits(&out[skip..]), bits(&want[..len]), "{} {op}, offset {skip}", T::DTYPE);
+                let mut kept = b[..len].to_vec();
+                out.fill(T::from_f64(0.0));
+                let o = &mut bytemuck::cast_slice_mut::<T, u8>(&mut out)[skip * size..];
+                combine_into_uncached_keeping(T::DTYPE, op, o, ab, bytemuck::cast_slice_mut(&mut kept))
+                    .unwrap();
+                assert_eq!(bits(&out[skip..]), bits(&want[..len]), "kept: {} {op}, offset {skip}", T::DTYPE);
+                assert_eq!(
+                    bits(&kept),
+                    bits(&want[..len]),
+                    "the copy kept: {} {op}, offset {skip}",
+                    T::DTYPE
+                );
+            }
+        }
+        for dtype in DType::ALL {
+            for op in ReduceOp::ALL {
+                crate::with_element!(dtype, T => check::<T>(op));
+            }
         }
     }
 
