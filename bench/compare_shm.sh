@@ -11,7 +11,7 @@
 #                                                       all-reduce also in place and on 2 MiB
 #                                                       pages)
 #
-# The 64 MiB all-reduce is also run on 2 MiB pages (HUGE_SIZES): xccl on its HostBuffers
+# The 64 MiB all-reduce is also run on 2 MiB pages (HUGE_SIZES, empty for none): xccl on its HostBuffers
 # (`--huge-pages`), and, where this script may set the system's transparent-huge-page mode
 # (root), Open MPI with THP=always, so that both copy out of huge pages; the mode is put back.
 # xccl's other rows ("heap") run under `xccl run`, whose ranks allocate with glibc's
@@ -46,7 +46,7 @@ MAX_ITERS="${MAX_ITERS:-2000000}"
 PRIO="$PEERS/prio_run.sh"
 XCCL="$REPO/target/release/xccl"
 COLLS="all_reduce all_gather reduce_scatter broadcast all_to_all"
-HUGE_SIZES="${HUGE_SIZES:-64M}"
+HUGE_SIZES="${HUGE_SIZES-64M}"  # HUGE_SIZES= (empty): no rows on 2 MiB pages
 THP=/sys/kernel/mm/transparent_hugepage/enabled
 THP_WAS="$(sed 's/.*\[\(.*\)\].*/\1/' "$THP" 2>/dev/null || true)"
 restore_thp() { if [ -w "$THP" ] && [ -n "$THP_WAS" ]; then echo "$THP_WAS" > "$THP"; fi; }
@@ -91,6 +91,10 @@ tuned() { # NP
     XENV=(env)
   fi
 }
+# Runs "$@" as the older build: BEFORE, without any tuning file.
+before() {
+  XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" "$@"
+}
 rm -f "$OUT"/pull_n*.tune
 
 for rep in $(seq 1 "$REPS"); do
@@ -105,12 +109,12 @@ for rep in $(seq 1 "$REPS"); do
       > "$OUT/mpich_n${np}_r$rep.txt" 2>&1
     # With an older build, the two take turns going first.
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then
-      XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+      before xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
     tuned "$np"
     xccl_all "$OUT/xccl_n${np}_r$rep.txt" "$np"
     if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then
-      XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
+      before xccl_all "$OUT/before_n${np}_r$rep.txt" "$np"
     fi
     # The all-reduce's other forms, each of both builds in turn (the older first in odd
     # repetitions).
@@ -121,10 +125,10 @@ for rep in $(seq 1 "$REPS"); do
         SIZES="$HUGE_SIZES" COLLS=all_reduce xccl_all "$OUT/${1}hugeinplace_n${np}_r$rep.txt" "$np" --huge-pages --inplace
       fi
     }
-    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" forms before; fi
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 1 ]; then before forms before; fi
     tuned "$np"
     forms xccl
-    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then XENV=(env -u XCCL_TUNE_FILE); XCCL="$BEFORE" forms before; fi
+    if [ -n "${BEFORE:-}" ] && [ $((rep % 2)) -eq 0 ]; then before forms before; fi
     if [ -n "$HUGE_SIZES" ]; then
       if [ -w "$THP" ]; then
         echo always > "$THP"

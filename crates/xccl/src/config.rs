@@ -137,13 +137,8 @@ impl Config {
             }
             c.shm_ring = Some(b);
         }
-        let pull_bytes = |name: &str| -> Result<Option<usize>> {
-            match lookup(name) {
-                None => Ok(None),
-                Some(v) if v.trim() == "off" => Ok(Some(usize::MAX)),
-                Some(v) => parse_bytes(name, &v, 1, usize::MAX).map(Some),
-            }
-        };
+        let pull_bytes =
+            |name: &str| lookup(name).map(|v| crate::byte_count::parse_threshold(name, &v)).transpose();
         // This machine's thresholds as `xccl tune pull` measured them (`XCCL_TUNE_FILE`),
         // then the settings.
         if let Some(p) = c.costs.pull {

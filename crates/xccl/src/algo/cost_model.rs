@@ -202,10 +202,7 @@ impl CostModel {
                     self.protocols.push((proto, latency, bandwidth));
                 }
                 ["pull", combining, plain] => {
-                    let bytes = |v: &str| match v {
-                        "off" => Some(usize::MAX),
-                        _ => crate::byte_count::parse_bytes("pull", v, 1, usize::MAX).ok(),
-                    };
+                    let bytes = |v: &str| crate::byte_count::parse_threshold("pull", v).ok();
                     let (Some(combining), Some(plain)) = (bytes(combining), bytes(plain)) else {
                         return Err(bad("pull lengths are byte counts (64K, 2M) or off"));
                     };
@@ -220,8 +217,8 @@ impl CostModel {
     /// A tuning file's line for pull thresholds `p` (without its newline), as
     /// [`CostModel::with_text`] reads it: `pull COMBINING PLAIN`, `off` for never.
     pub fn pull_line(p: PullMin) -> String {
-        let bytes = |b: usize| if b == usize::MAX { "off".to_string() } else { b.to_string() };
-        format!("pull {} {}", bytes(p.combining), bytes(p.plain))
+        use crate::byte_count::threshold_text;
+        format!("pull {} {}", threshold_text(p.combining), threshold_text(p.plain))
     }
 
     /// The factors (latency, bandwidth) on messages that travel by `p`.
