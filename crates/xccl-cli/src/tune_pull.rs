@@ -6,7 +6,8 @@
 //! is the machine's: on an Intel Xeon guest a 32 KiB message of a 2-rank all-gather took 3.4
 //! µs pulled against 4.9 streamed; on an AMD EPYC guest a 2-rank 1 MiB all-reduce took 74-86
 //! µs streamed against 140-205 pulled, and pulls only came out ahead from 4-16 MiB
-//! (docs/PERFORMANCE.md). The built-in thresholds (`protocol::PullMin`) suit the first.
+//! (docs/PERFORMANCE.md). The built-in thresholds (`protocol::PullMin::built_in`) depend on
+//! the processor's maker for that reason; this measures the machine itself.
 //!
 //! Under `xccl run` (or with `--local N`), this times three cases at every length of
 //! `--lengths`, once never pulling and once always, `--reps` times in turns: a ring
@@ -30,7 +31,7 @@ use std::path::PathBuf;
 
 use xccl::algo::Algorithm;
 use xccl::algo::tune::{CostModel, LinkClass};
-use xccl::protocol::PullMin;
+use xccl::protocol::{CpuVendor, PullMin, PullSetting};
 use xccl::{CollKind, Communicator};
 
 use crate::bench::{self, BenchArgs, Coll};
@@ -123,7 +124,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         for pull in [usize::MAX, 1] {
             let mut config = c.config().clone();
             config.algos.set(case.kind, case.algo)?;
-            config.pull_min = PullMin { combining: pull, plain: pull };
+            config.pull = PullSetting::exactly(PullMin { combining: pull, plain: pull });
             pair.push(c.dup_with(config)?);
         }
         comms.push(pair);
@@ -183,7 +184,13 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
             .map(|(_, (s, p))| (s.as_slice(), p.as_slice()))
             .collect()
     };
-    let built_in = PullMin::default();
+    // What a job of these ranks pulls from without a tuning file: every rank is on this host
+    // (checked above), as processes or as threads (`--local`, whose pulls are copies).
+    let built_in = if place.intra == LinkClass::Local {
+        PullMin::default()
+    } else {
+        PullMin::built_in(CpuVendor::this(), c.size())
+    };
     let pull = PullMin {
         combining: threshold(lengths, &series(true), built_in.combining),
         plain: threshold(lengths, &series(false), built_in.plain),

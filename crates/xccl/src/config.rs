@@ -47,8 +47,10 @@ pub struct Config {
     /// Bytes per shared-memory ring; `None` sizes rings by the number of ranks per host.
     pub shm_ring: Option<usize>,
     /// From which length messages go by pull (the receiver copies from the sender's memory
-    /// where it can); `usize::MAX` never.
-    pub pull_min: crate::protocol::PullMin,
+    /// where it can); `usize::MAX` never. What is not set is the built-in threshold for the
+    /// processor's maker and the ranks on the host
+    /// ([`PullMin::built_in`](crate::protocol::PullMin::built_in)).
+    pub pull: crate::protocol::PullSetting,
     /// Whether a job spanning hosts measures the links between them when it starts
     /// (`XCCL_LINK_PROBE`); `None` decides: it measures over a network (not loopback) when
     /// the TCP constants are the built-in ones.
@@ -82,7 +84,7 @@ impl Default for Config {
             max_unexpected: 256 << 20,
             shm: true,
             shm_ring: None,
-            pull_min: crate::protocol::PullMin::default(),
+            pull: crate::protocol::PullSetting::default(),
             link_probe: None,
             flight: FlightConfig::default(),
             link_timeout: Duration::from_secs(3),
@@ -142,13 +144,13 @@ impl Config {
         // This machine's thresholds as `xccl tune pull` measured them (`XCCL_TUNE_FILE`),
         // then the settings.
         if let Some(p) = c.costs.pull {
-            c.pull_min = p;
+            c.pull = crate::protocol::PullSetting::exactly(p);
         }
         if let Some(b) = pull_bytes("XCCL_PULL_BYTES")? {
-            c.pull_min = crate::protocol::PullMin::from_combining(b);
+            c.pull = crate::protocol::PullSetting { combining: Some(b), plain: None };
         }
         if let Some(b) = pull_bytes("XCCL_PULL_PLAIN_BYTES")? {
-            c.pull_min.plain = b;
+            c.pull.plain = Some(b);
         }
         if let Some(v) = lookup("XCCL_LINK_PROBE") {
             c.link_probe = match v.trim() {
@@ -199,11 +201,30 @@ mod tests {
 
     #[test]
     fn pull_thresholds_are_set_together_or_apart() {
-        use crate::protocol::PullMin;
-        let pull = |pairs: &[(&str, &str)]| with(pairs).unwrap().pull_min;
-        assert_eq!(pull(&[]), PullMin { combining: 64 << 10, plain: 32 << 10 });
-        assert_eq!(pull(&[("XCCL_PULL_BYTES", "1M")]), PullMin { combining: 1 << 20, plain: 512 << 10 });
-        assert_eq!(pull(&[("XCCL_PULL_PLAIN_BYTES", "2M")]), PullMin { combining: 64 << 10, plain: 2 << 20 });
+        use crate::protocol::{CpuVendor, PullMin};
+        // As a rank of two on an Intel host, and one of four on an AMD host, resolves them.
+        let intel =
+            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull.over(PullMin::built_in(CpuVendor::Other, 2));
+        let amd =
+            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull.over(PullMin::built_in(CpuVendor::Amd, 4));
+        assert_eq!(intel(&[]), PullMin { combining: 64 << 10, plain: 32 << 10 });
+        assert_eq!(amd(&[]), PullMin { combining: 1 << 20, plain: 128 << 10 });
+        assert_eq!(PullMin::built_in(CpuVendor::Amd, 2), PullMin { combining: 1 << 20, plain: 512 << 10 });
+        assert_eq!(PullMin::built_in(CpuVendor::Other, 8), intel(&[]));
+        // Set alone, the combining threshold also sets the placed one (half of it) ...
+        for resolve in [intel, amd] {
+            assert_eq!(
+                resolve(&[("XCCL_PULL_BYTES", "96K")]),
+                PullMin { combining: 96 << 10, plain: 48 << 10 }
+            );
+        }
+        // ... and the placed one alone leaves the built-in combining one.
+        assert_eq!(
+            intel(&[("XCCL_PULL_PLAIN_BYTES", "2M")]),
+            PullMin { combining: 64 << 10, plain: 2 << 20 }
+        );
+        assert_eq!(amd(&[("XCCL_PULL_PLAIN_BYTES", "2M")]), PullMin { combining: 1 << 20, plain: 2 << 20 });
+        let pull = intel;
         assert_eq!(
             pull(&[("XCCL_PULL_BYTES", "off"), ("XCCL_PULL_PLAIN_BYTES", "8K")]),
             PullMin { combining: usize::MAX, plain: 8 << 10 }
@@ -215,7 +236,12 @@ mod tests {
         let file = std::env::temp_dir().join(format!("xccl-pull-{}.tune", std::process::id()));
         std::fs::write(&file, "pull 4M off\n").unwrap();
         let path = file.to_string_lossy().into_owned();
-        assert_eq!(pull(&[("XCCL_TUNE_FILE", &path)]), PullMin { combining: 4 << 20, plain: usize::MAX });
+        for resolve in [intel, amd] {
+            assert_eq!(
+                resolve(&[("XCCL_TUNE_FILE", &path)]),
+                PullMin { combining: 4 << 20, plain: usize::MAX }
+            );
+        }
         assert_eq!(
             pull(&[("XCCL_TUNE_FILE", &path), ("XCCL_PULL_PLAIN_BYTES", "1M")]),
             PullMin { combining: 4 << 20, plain: 1 << 20 }

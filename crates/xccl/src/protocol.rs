@@ -176,7 +176,8 @@ impl ProtocolPolicy {
 /// bytes, ties at 256 and loses from 1 KiB (2.1 µs against 1.0 µs at 1 KiB).
 pub const LL_MAX: usize = 256;
 
-/// Messages at least this long may be pulled by default (`XCCL_PULL_BYTES`).
+/// Messages at least this long may be pulled by default (`XCCL_PULL_BYTES`), on processors
+/// other than AMD's ([`PullMin::built_in`]).
 pub const PULL_MIN: usize = 64 << 10;
 
 /// From which length a message may be pulled: where its receiver combines it
@@ -200,11 +201,90 @@ impl PullMin {
     pub const fn from_combining(combining: usize) -> PullMin {
         PullMin { combining, plain: combining / 2 }
     }
+
+    /// The thresholds of processes on a host of `ranks_on_host` ranks whose processor is
+    /// `vendor`, unless a tuning file (`xccl tune pull`) or a setting says otherwise; NCCL
+    /// likewise keeps its tuning constants per processor maker. Measured on guests of both
+    /// (docs/PERFORMANCE.md, "From which length to pull"):
+    ///
+    /// - Intel: a pull of 32 KiB took 3.4-3.6 µs against 4.9 streamed: [`PULL_MIN`], half
+    ///   that for placed messages.
+    /// - AMD (Zen 3): a pull of 32 KiB took 11-20 µs against 5.5-9.0 streamed (pages pinned
+    ///   one by one, and `rep movsb` stalling on copies whose ends lie a few bytes apart
+    ///   modulo 4 KiB). `xccl tune pull` found 1-4 MiB for combined messages at 2 ranks and
+    ///   512 KiB-1 MiB at 4; for placed ones 512 KiB-4 MiB at 2 and 128-512 KiB at 4 (on 2
+    ///   cores): 1 MiB, and 512 KiB or 128 KiB.
+    pub const fn built_in(vendor: CpuVendor, ranks_on_host: usize) -> PullMin {
+        match vendor {
+            CpuVendor::Amd if ranks_on_host <= 2 => PullMin { combining: 1 << 20, plain: 512 << 10 },
+            CpuVendor::Amd => PullMin { combining: 1 << 20, plain: 128 << 10 },
+            CpuVendor::Other => PullMin::from_combining(PULL_MIN),
+        }
+    }
 }
 
 impl Default for PullMin {
+    /// [`PULL_MIN`] for combined messages, half that for placed ones, whatever the processor
+    /// ([`PullMin::built_in`] is the one that depends on it).
     fn default() -> Self {
         PullMin::from_combining(PULL_MIN)
+    }
+}
+
+/// The processor makers whose built-in pull thresholds differ ([`PullMin::built_in`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CpuVendor {
+    /// AMD's processors, and Hygon's (the same cores).
+    Amd,
+    /// Any other.
+    Other,
+}
+
+impl CpuVendor {
+    /// The maker of the processor this process runs on, as `cpuid` names it.
+    pub fn this() -> CpuVendor {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Leaf 0 holds the vendor string in ebx, edx, ecx; every x86-64 processor has it.
+            let id = std::arch::x86_64::__cpuid(0);
+            let mut name = [0u8; 12];
+            for (i, r) in [id.ebx, id.edx, id.ecx].into_iter().enumerate() {
+                name[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
+            }
+            if &name == b"AuthenticAMD" || &name == b"HygonGenuine" {
+                return CpuVendor::Amd;
+            }
+        }
+        CpuVendor::Other
+    }
+}
+
+/// Pull thresholds as a process sets them: a tuning file's `pull` line, `XCCL_PULL_BYTES`,
+/// `XCCL_PULL_PLAIN_BYTES`; `None` where the built-in one stands ([`PullSetting::over`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PullSetting {
+    /// For messages the receiver combines.
+    pub combining: Option<usize>,
+    /// For messages it only places; unset, half of `combining` where that is set.
+    pub plain: Option<usize>,
+}
+
+impl PullSetting {
+    /// Both thresholds set to those of `p`.
+    pub const fn exactly(p: PullMin) -> PullSetting {
+        PullSetting { combining: Some(p.combining), plain: Some(p.plain) }
+    }
+
+    /// The thresholds: what is set, the rest `built_in`'s ([`PullMin::built_in`] for
+    /// processes, [`PullMin::default`] for threads of one process, whose pulls are copies).
+    pub fn over(&self, built_in: PullMin) -> PullMin {
+        let combining = self.combining.unwrap_or(built_in.combining);
+        let plain = match (self.plain, self.combining) {
+            (Some(p), _) => p,
+            (None, Some(c)) => PullMin::from_combining(c).plain,
+            (None, None) => built_in.plain,
+        };
+        PullMin { combining, plain }
     }
 }
 
@@ -367,6 +447,15 @@ pub fn fuses(len: usize, link: &LinkFacts, allowed: Protocols) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_processor_maker_is_the_one_the_kernel_names() {
+        // Linux's own reading of the same cpuid leaf; elsewhere there is nothing to compare.
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let Some(line) = info.lines().find(|l| l.starts_with("vendor_id")) else { return };
+        let amd = line.contains("AuthenticAMD") || line.contains("HygonGenuine");
+        assert_eq!(CpuVendor::this() == CpuVendor::Amd, amd, "{line}");
+    }
 
     fn shm() -> LinkFacts {
         LinkFacts { memory: true, ll_max: LL_MAX, seg: 1 << 20, peer_pulls: true }

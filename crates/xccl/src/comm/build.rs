@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Bufs, Engine, Tuning};
 use crate::flight::Recorder;
 use crate::frame::Farewells;
+use crate::protocol::{CpuVendor, PullMin};
 use crate::stall::Board;
 use crate::stream::Stream;
 use crate::transport::local::{self, LocalMesh};
@@ -127,6 +128,18 @@ pub(super) fn wants_mpi() -> Result<bool> {
     }
 }
 
+/// From which lengths `group`'s rank pulls: `config`'s settings over the built-in thresholds
+/// of its processor and the ranks on its host, or of any processor where the ranks are
+/// `threads` of one process (a pull is then a copy, with no pages pinned).
+pub(super) fn pull_min(config: &Config, group: &Group, threads: bool) -> PullMin {
+    if threads {
+        return config.pull.over(PullMin::default());
+    }
+    let here = group.hosts[group.rank];
+    let ranks_on_host = group.hosts.iter().filter(|&&h| h == here).count();
+    config.pull.over(PullMin::built_in(CpuVendor::this(), ranks_on_host))
+}
+
 impl Communicator {
     fn build(group: Group, links: Links, config: Config, fabric: Fabric) -> Result<Communicator> {
         let board: Option<Arc<dyn Board>> = match &fabric {
@@ -139,7 +152,7 @@ impl Communicator {
         let tuning = Tuning {
             timeout: config.timeout,
             max_stash: config.max_unexpected,
-            pull_min: config.pull_min,
+            pull_min: pull_min(&config, &group, matches!(fabric, Fabric::Local)),
             protocols: config.protocols.clone(),
             board,
         };
@@ -398,6 +411,36 @@ impl Communicator {
                 let group = Group { rank, size, id, members, hosts, cores };
                 Communicator::build(group, links, config, Fabric::Tcp(f.clone())).map(Some)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::PullSetting;
+
+    #[test]
+    fn ranks_pull_from_their_hosts_built_in_thresholds_unless_set() {
+        // Rank 1 shares host 0 with ranks 0 and 3; rank 2 is alone on host 1.
+        let group = |rank| Group {
+            rank,
+            size: 4,
+            id: 1,
+            members: vec![0, 1, 2, 3],
+            hosts: vec![0, 0, 1, 0],
+            cores: vec![2; 4],
+        };
+        let config = Config::default();
+        assert_eq!(pull_min(&config, &group(1), false), PullMin::built_in(CpuVendor::this(), 3));
+        assert_eq!(pull_min(&config, &group(2), false), PullMin::built_in(CpuVendor::this(), 1));
+        // Threads of one process copy: the thresholds of any processor.
+        assert_eq!(pull_min(&config, &group(1), true), PullMin::default());
+        // What is set stands, on every kind of rank.
+        let set = PullMin { combining: 8 << 10, plain: 1 << 30 };
+        let config = Config { pull: PullSetting::exactly(set), ..Config::default() };
+        for threads in [false, true] {
+            assert_eq!(pull_min(&config, &group(1), threads), set);
         }
     }
 }

@@ -127,8 +127,9 @@ impl Communicator {
     pub fn placement(&self) -> Placement {
         let hosts = self.inner.group.hosts.clone();
         let cores = self.inner.group.cores.clone();
+        let threads = matches!(&self.inner.backend, Backend::Native(Native { fabric: Fabric::Local, .. }));
         let (intra, inter) = match &self.inner.backend {
-            Backend::Native(Native { fabric: Fabric::Local, .. }) => (LinkClass::Local, LinkClass::Local),
+            _ if threads => (LinkClass::Local, LinkClass::Local),
             Backend::Native(_) if !self.inner.config.shm => (LinkClass::Tcp, LinkClass::Tcp),
             _ => (LinkClass::Shm, LinkClass::Tcp),
         };
@@ -138,7 +139,7 @@ impl Communicator {
             intra,
             inter,
             protocols: self.inner.config.protocols.clone(),
-            pull_min: self.inner.config.pull_min,
+            pull_min: super::build::pull_min(&self.inner.config, &self.inner.group, threads),
         }
     }
 

@@ -43,7 +43,10 @@ pub fn expected<T: Small>(op: ReduceOp, n: usize, i: usize, salt: usize) -> T {
 
 /// Settings for tests: a short deadline so that a failing test fails instead of hanging.
 pub fn test_config() -> Config {
-    Config { timeout: Duration::from_secs(30), ..Config::default() }
+    // The pull thresholds of every processor but AMD's on every machine, so that the sizes a
+    // test picks lie on the sides of them it names.
+    let pull = xccl::protocol::PullSetting::exactly(xccl::protocol::PullMin::default());
+    Config { timeout: Duration::from_secs(30), pull, ..Config::default() }
 }
 
 /// A job name no other job of this test process has: a rank's process counts the worlds it
