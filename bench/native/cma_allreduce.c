@@ -26,6 +26,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "two_processes.h"
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
 #endif
@@ -41,31 +43,6 @@ typedef struct {
     int pid[2];
 } Shared;
 static Shared *sh;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void barrier(long *round) {
-    long r = ++*round;
-    atomic_fetch_add(&sh->arrived, 1);
-    while (atomic_load(&sh->arrived) < 2 * r) sched_yield();
-}
-
-/* Copies n bytes between this process (local) and process pid (remote), either way. */
-static void cross(int pid, void *local, void *remote, size_t n, int write) {
-    for (size_t done = 0; done < n;) {
-        struct iovec l = {(char *)local + done, n - done}, r = {(char *)remote + done, n - done};
-        ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (k <= 0) {
-            perror(write ? "process_vm_writev" : "process_vm_readv");
-            exit(1);
-        }
-        done += (size_t)k;
-    }
-}
 
 int main(int argc, char **argv) {
     if (argc != 3) {
@@ -91,29 +68,25 @@ int main(int argc, char **argv) {
     }
     sh->in[me] = in, sh->out[me] = out, sh->pid[me] = getpid();
     long round = 0;
-    barrier(&round);
+    barrier(&sh->arrived, &round);
     int peer = 1 - me, pid = sh->pid[peer];
     float *their_in = sh->in[peer], *their_out = sh->out[peer];
     double best = 1e9, sum = 0;
     for (int run = 0; run < RUNS; run++) {
-        barrier(&round);
+        barrier(&sh->arrived, &round);
         double t0 = now();
         for (size_t at = me * half; at < me * half + half; at += piece) {
             cross(pid, stage, their_in + at, PIECE, 0);
             for (size_t j = 0; j < piece; j++) out[at + j] = in[at + j] + stage[j];
             if (push) cross(pid, out + at, their_out + at, PIECE, 1);
         }
-        barrier(&round);
+        barrier(&sh->arrived, &round);
         if (!push) cross(pid, out + peer * half, their_out + peer * half, half * sizeof(float), 0);
-        barrier(&round);
+        barrier(&sh->arrived, &round);
         double t = now() - t0;
         if (run >= SKIP) sum += t, best = t < best ? t : best;
     }
-    for (size_t i = 0; i < n; i++)
-        if (out[i] != 3) {
-            fprintf(stderr, "rank %d: element %zu is %g, expected 3\n", me, i, out[i]);
-            return 1;
-        }
+    if (!all_are(out, n, 3, me)) return 1;
     if (me == 0) {
         printf("%s pages, %s: best %.2f ms, mean %.2f ms, %.2f GB/s (best)\n", pages, argv[2], best * 1e3,
                sum / (RUNS - SKIP) * 1e3, BYTES / best / 1e9);

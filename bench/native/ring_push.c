@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "two_processes.h"
+
 #define BYTES (64 << 20)
 #define RUNS 20
 #define SKIP 3
@@ -46,30 +48,6 @@ typedef struct {
 } Shared;
 
 static Shared *sh;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void barrier(long *round) {
-  long r = ++*round;
-  atomic_fetch_add(&sh->arrived, 1);
-  while (atomic_load(&sh->arrived) < 2 * r) sched_yield();
-}
-
-static void cross(int pid, void *local, void *remote, size_t n, int write) {
-  for (size_t done = 0; done < n;) {
-    struct iovec l = {(char *)local + done, n - done}, r = {(char *)remote + done, n - done};
-    ssize_t k = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-    if (k <= 0) {
-      perror(write ? "process_vm_writev" : "process_vm_readv");
-      exit(1);
-    }
-    done += (size_t)k;
-  }
-}
 
 /* out = a + b streamed; the sum also stored to keep (if any). */
 __attribute__((target("avx2"))) static void fold(float *out, const float *a, const float *b, float *keep, size_t n) {
@@ -108,7 +86,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) in[i] = (float)(me + 1), out[i] = 0;
   sh->in[me] = in, sh->out[me] = out, sh->pid[me] = getpid();
   long round = 0;
-  barrier(&round);
+  barrier(&sh->arrived, &round);
   int pid = sh->pid[peer];
   float *their_in = sh->in[peer], *their_out = sh->out[peer];
   Ring *mine = &sh->ring[me], *theirs = &sh->ring[peer];
@@ -116,7 +94,7 @@ int main(int argc, char **argv) {
   for (int run = 0; run < RUNS; run++) {
     atomic_store(&mine->written, 0);
     atomic_store(&theirs->consumed, 0);
-    barrier(&round);
+    barrier(&sh->arrived, &round);
     double t0 = now();
     long wrote = 0, got = 0;
     /* Streams the peer's filled slots into this rank's output; true if one was there. */
@@ -142,15 +120,11 @@ int main(int argc, char **argv) {
     while (ring && got < pieces)
       if (!DRAIN_ONE()) sched_yield();
     _mm_sfence();
-    barrier(&round);
+    barrier(&sh->arrived, &round);
     double t = now() - t0;
     if (run >= SKIP) sum += t, best = t < best ? t : best;
   }
-  for (size_t i = 0; i < n; i++)
-    if (out[i] != 3) {
-      fprintf(stderr, "rank %d: element %zu is %g, expected 3\n", me, i, out[i]);
-      return 1;
-    }
+  if (!all_are(out, n, 3, me)) return 1;
   if (me == 0) {
     printf("%s, %zu slots, pieces of %zu KiB: best %.2f ms, mean %.2f ms\n", argv[1], ring ? slots : 0, piece_bytes >> 10,
            best * 1e3, sum / (RUNS - SKIP) * 1e3);

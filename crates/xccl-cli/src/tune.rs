@@ -382,7 +382,7 @@ fn from_params(p: &[f64], keys: &Keys) -> CostModel {
         efficiency,
         protocols,
         // Pull thresholds are measured apart (`xccl tune pull`), not fitted.
-        pull: None,
+        pull: Vec::new(),
     }
 }
 
@@ -478,13 +478,14 @@ fn fit(args: &FitArgs) -> xccl::Result<()> {
         }
         println!("# {} algorithm efficiencies fitted", fitted.efficiency.len());
         if let Some(path) = &args.out {
-            // Pull thresholds are measured apart (`xccl tune pull`), not fitted: the line of
-            // the file rewritten stays, else that of `XCCL_TUNE_FILE`.
+            // Pull thresholds are measured apart (`xccl tune pull`), not fitted: the lines of
+            // the file rewritten stay, else those of `XCCL_TUNE_FILE`.
             fitted.pull = std::fs::read_to_string(path)
                 .ok()
                 .and_then(|old| CostModel::default().with_text(&path.display().to_string(), &old).ok())
-                .and_then(|old| old.pull)
-                .or(default.pull);
+                .map(|old| old.pull)
+                .filter(|lines| !lines.is_empty())
+                .unwrap_or_else(|| default.pull.clone());
             let text = format!(
                 "# Written by xccl tune fit from {} measurements; use with XCCL_TUNE_FILE.\n{}",
                 records.len(),

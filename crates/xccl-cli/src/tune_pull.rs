@@ -20,8 +20,9 @@
 //! case measured,
 //! each counted relative to its faster way, where the ways tie within 10% the built-in
 //! threshold's choice standing (`off`: never pull). Rank 0 prints the table and
-//! the tuning file's `pull` line, and with `-o FILE` puts that line into FILE (replacing a
-//! `pull` line there, keeping the rest), for `XCCL_TUNE_FILE`. Run it with as many ranks per
+//! the tuning file's `pull` line for hosts of that many ranks (`pull C P ranks=N`), and with
+//! `-o FILE` puts that line into FILE (replacing the line for the same count there, keeping
+//! the rest: a file may hold a line per count), for `XCCL_TUNE_FILE`. Run it with as many ranks per
 //! host as the jobs it tunes for: on a host with more ranks than cores, streaming waits for
 //! sender and receiver to share a core, and the answer differs. A job whose ranks span
 //! hosts, or talk TCP (`XCCL_SHM=0`), is refused on every rank before anything is timed.
@@ -30,7 +31,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use xccl::algo::Algorithm;
-use xccl::algo::tune::{CostModel, LinkClass};
+use xccl::algo::tune::{CostModel, LinkClass, PullLine};
 use xccl::protocol::{CpuVendor, PullMin, PullSetting};
 use xccl::{CollKind, Communicator};
 
@@ -195,7 +196,8 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
         combining: threshold(lengths, &series(true), built_in.combining),
         plain: threshold(lengths, &series(false), built_in.plain),
     };
-    let line = CostModel::pull_line(pull);
+    // The line holds for hosts of as many ranks as this job puts on its one.
+    let line = CostModel::pull_line(PullLine { ranks: Some(n), min: pull });
     eprint!("{table}");
     println!("{line}");
     if let Some(path) = &args.out {
@@ -204,7 +206,7 @@ fn measure_rank(c: &Communicator, args: &PullArgs, lengths: &[usize]) -> xccl::R
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(xccl::Error::io(format!("reading {}", path.display()), e)),
         };
-        let text = with_pull_line(&old, &line);
+        let text = with_pull_line(&old, &line, n);
         // The file must still read as a tuning file (its other lines untouched).
         CostModel::default().with_text(&path.display().to_string(), &text)?;
         std::fs::write(path, text).map_err(|e| xccl::Error::io(format!("writing {}", path.display()), e))?;
@@ -251,11 +253,16 @@ fn threshold(lengths: &[usize], series: &[(&[f64], &[f64])], built_in: usize) ->
     best.1
 }
 
-/// `text` (a tuning file) with its `pull` lines replaced by `line`, at the end.
-fn with_pull_line(text: &str, line: &str) -> String {
+/// `text` (a tuning file) with its `pull` line for hosts of `ranks` ranks replaced by `line`,
+/// at the end; the lines for other counts, or for any, stay.
+fn with_pull_line(text: &str, line: &str, ranks: usize) -> String {
+    let count = format!("ranks={ranks}");
     let mut out: String = text
         .lines()
-        .filter(|l| l.split_whitespace().next() != Some("pull"))
+        .filter(|l| {
+            let f: Vec<&str> = l.split('#').next().unwrap_or("").split_whitespace().collect();
+            !(f.first() == Some(&"pull") && f.get(3) == Some(&count.as_str()))
+        })
         .map(|l| format!("{l}\n"))
         .collect();
     out += line;
@@ -302,13 +309,21 @@ mod tests {
     }
 
     #[test]
-    fn the_pull_line_replaces_the_files_own_and_reads_back() {
-        let line = CostModel::pull_line(PullMin { combining: 4 << 20, plain: usize::MAX });
-        assert_eq!(line, "pull 4194304 off");
-        let text = with_pull_line("link shm 1 2 3 4\npull 1 1\n# note\n", &line);
-        assert_eq!(text, "link shm 1 2 3 4\n# note\npull 4194304 off\n");
+    fn the_pull_line_replaces_the_files_own_for_its_count_and_reads_back() {
+        let min = PullMin { combining: 4 << 20, plain: usize::MAX };
+        let line = CostModel::pull_line(PullLine { ranks: Some(2), min });
+        assert_eq!(line, "pull 4194304 off ranks=2");
+        // Its count's line goes; the line for any count and the one for 4 ranks stay.
+        let old = "link shm 1 2 3 4\npull 1 1 ranks=2\npull 8K 8K\npull 2 2 ranks=4 # other\n# note\n";
+        let text = with_pull_line(old, &line, 2);
+        assert_eq!(
+            text,
+            "link shm 1 2 3 4\npull 8K 8K\npull 2 2 ranks=4 # other\n# note\npull 4194304 off ranks=2\n"
+        );
         let m = CostModel::default().with_text("t", &text).unwrap();
-        assert_eq!(m.pull, Some(PullMin { combining: 4 << 20, plain: usize::MAX }));
-        assert_eq!(with_pull_line("", "pull off off"), "pull off off\n");
+        assert_eq!(m.pull_for(2), Some(min));
+        assert_eq!(m.pull_for(4), Some(PullMin { combining: 2, plain: 2 }));
+        assert_eq!(m.pull_for(3), Some(PullMin { combining: 8 << 10, plain: 8 << 10 }));
+        assert_eq!(with_pull_line("", "pull off off ranks=2", 2), "pull off off ranks=2\n");
     }
 }

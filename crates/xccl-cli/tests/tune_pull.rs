@@ -53,7 +53,7 @@ fn the_measured_line_lands_in_the_tuning_file_and_jobs_pull_from_it() {
     let dir = std::env::temp_dir().join(format!("xccl-tune-pull-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("machine.tune");
-    std::fs::write(&file, "# calibrated here\npull 1 1\n").unwrap();
+    std::fs::write(&file, "# calibrated here\npull 1 1 ranks=2\npull 2 2 ranks=4\n").unwrap();
     let x = env!("CARGO_BIN_EXE_xccl");
     let out = run_ok(
         xccl()
@@ -63,21 +63,27 @@ fn the_measured_line_lands_in_the_tuning_file_and_jobs_pull_from_it() {
     );
     let written = std::fs::read_to_string(&file).unwrap();
     let lines: Vec<&str> = written.lines().collect();
-    assert_eq!(lines.len(), 2, "the comment kept, one pull line: {written}");
-    assert_eq!(lines[0], "# calibrated here");
-    let f: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(f.len(), 3, "{written}");
-    assert_eq!(f[0], "pull");
-    for v in &f[1..] {
+    // The line for hosts of 2 ranks replaced, the comment and the line for 4 kept.
+    assert_eq!(lines.len(), 3, "{written}");
+    assert_eq!(lines[..2], ["# calibrated here", "pull 2 2 ranks=4"]);
+    let f: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(f.len(), 4, "{written}");
+    assert_eq!((f[0], f[3]), ("pull", "ranks=2"));
+    for v in &f[1..3] {
         assert!(["16384", "65536", "off"].contains(v), "a length measured, or off: {written}");
     }
-    assert!(text(&out).contains(lines[1]), "printed too\n{}", text(&out));
+    assert!(text(&out).contains(lines[2]), "printed too\n{}", text(&out));
     assert!(text(&out).contains("all_to_all/direct"), "the table\n{}", text(&out));
 
     // A job follows the file: 64 KiB messages never pulled, then pulled from 16 KiB.
     std::fs::write(&file, "pull off off\n").unwrap();
     assert!(plans(&file, &[]).iter().all(|p| !p.contains("pull")));
     std::fs::write(&file, "pull 16K 16K\n").unwrap();
+    assert!(plans(&file, &[]).iter().all(|p| p.contains("pull")));
+    // A line for this job's count of ranks on the host comes before the line for any count.
+    std::fs::write(&file, "pull 16K 16K\npull off off ranks=2\n").unwrap();
+    assert!(plans(&file, &[]).iter().all(|p| !p.contains("pull")));
+    std::fs::write(&file, "pull off off\npull 16K 16K ranks=2\npull off off ranks=4\n").unwrap();
     assert!(plans(&file, &[]).iter().all(|p| p.contains("pull")));
     // The settings override it.
     assert!(plans(&file, &[("XCCL_PULL_PLAIN_BYTES", "off")]).iter().all(|p| !p.contains("pull")));

@@ -47,9 +47,9 @@ pub struct Config {
     /// Bytes per shared-memory ring; `None` sizes rings by the number of ranks per host.
     pub shm_ring: Option<usize>,
     /// From which length messages go by pull (the receiver copies from the sender's memory
-    /// where it can); `usize::MAX` never. What is not set is the built-in threshold for the
-    /// processor's maker and the ranks on the host
-    /// ([`PullMin::built_in`](crate::protocol::PullMin::built_in)).
+    /// where it can; `usize::MAX` never), as `XCCL_PULL_BYTES` and `XCCL_PULL_PLAIN_BYTES`
+    /// set it. What they leave, [`Config::pull_min`] takes from the tuning file's `pull`
+    /// lines, then from the built-in thresholds.
     pub pull: crate::protocol::PullSetting,
     /// Whether a job spanning hosts measures the links between them when it starts
     /// (`XCCL_LINK_PROBE`); `None` decides: it measures over a network (not loopback) when
@@ -63,6 +63,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// From which lengths a rank pulls on a host of `ranks_on_host` ranks: the settings, then
+    /// the tuning file's `pull` line for that count or for any (`costs`), then `built_in`
+    /// ([`PullMin::built_in`](crate::protocol::PullMin::built_in) for processes).
+    pub fn pull_min(
+        &self,
+        ranks_on_host: usize,
+        built_in: crate::protocol::PullMin,
+    ) -> crate::protocol::PullMin {
+        self.pull.over(self.costs.pull_for(ranks_on_host).unwrap_or(built_in))
+    }
+
     /// Bytes per shared-memory ring for `m` ranks on a host.
     pub fn shm_ring_for(&self, m: usize) -> usize {
         self.shm_ring.unwrap_or(match m {
@@ -141,11 +152,8 @@ impl Config {
         }
         let pull_bytes =
             |name: &str| lookup(name).map(|v| crate::byte_count::parse_threshold(name, &v)).transpose();
-        // This machine's thresholds as `xccl tune pull` measured them (`XCCL_TUNE_FILE`),
-        // then the settings.
-        if let Some(p) = c.costs.pull {
-            c.pull = crate::protocol::PullSetting::exactly(p);
-        }
+        // Over this machine's thresholds as `xccl tune pull` measured them (`XCCL_TUNE_FILE`,
+        // in `costs`; see `pull_min`).
         if let Some(b) = pull_bytes("XCCL_PULL_BYTES")? {
             c.pull = crate::protocol::PullSetting { combining: Some(b), plain: None };
         }
@@ -204,9 +212,9 @@ mod tests {
         use crate::protocol::{CpuVendor, PullMin};
         // As a rank of two on an Intel host, and one of four on an AMD host, resolves them.
         let intel =
-            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull.over(PullMin::built_in(CpuVendor::Other, 2));
+            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull_min(2, PullMin::built_in(CpuVendor::Other, 2));
         let amd =
-            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull.over(PullMin::built_in(CpuVendor::Amd, 4));
+            |pairs: &[(&str, &str)]| with(pairs).unwrap().pull_min(4, PullMin::built_in(CpuVendor::Amd, 4));
         assert_eq!(intel(&[]), PullMin { combining: 64 << 10, plain: 32 << 10 });
         assert_eq!(amd(&[]), PullMin { combining: 1 << 20, plain: 128 << 10 });
         assert_eq!(PullMin::built_in(CpuVendor::Amd, 2), PullMin { combining: 1 << 20, plain: 512 << 10 });
@@ -242,6 +250,11 @@ mod tests {
                 PullMin { combining: 4 << 20, plain: usize::MAX }
             );
         }
+        // A line measured for hosts of 4 ranks holds there only.
+        std::fs::write(&file, "pull 2M 256K ranks=4\n").unwrap();
+        assert_eq!(amd(&[("XCCL_TUNE_FILE", &path)]), PullMin { combining: 2 << 20, plain: 256 << 10 });
+        assert_eq!(intel(&[("XCCL_TUNE_FILE", &path)]), intel(&[]));
+        std::fs::write(&file, "pull 4M off\n").unwrap();
         assert_eq!(
             pull(&[("XCCL_TUNE_FILE", &path), ("XCCL_PULL_PLAIN_BYTES", "1M")]),
             PullMin { combining: 4 << 20, plain: 1 << 20 }

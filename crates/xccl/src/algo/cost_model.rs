@@ -97,9 +97,19 @@ pub struct CostModel {
     /// absent here has factors of 1): what LL saves per message, say.
     pub protocols: Vec<(Protocol, f64, f64)>,
     /// From which length messages are pulled on this machine, as `xccl tune pull` measured
-    /// it; `None` keeps the built-in thresholds. `XCCL_PULL_BYTES` and
-    /// `XCCL_PULL_PLAIN_BYTES` override it.
-    pub pull: Option<PullMin>,
+    /// it, per count of ranks on the host ([`CostModel::pull_for`]); none keeps the built-in
+    /// thresholds. `XCCL_PULL_BYTES` and `XCCL_PULL_PLAIN_BYTES` override them.
+    pub pull: Vec<PullLine>,
+}
+
+/// A tuning file's `pull` line: thresholds measured with `ranks` ranks on the host, or for
+/// any count (`None`, a line that names none).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PullLine {
+    /// The ranks on the host it holds for.
+    pub ranks: Option<usize>,
+    /// The thresholds.
+    pub min: PullMin,
 }
 
 /// The constants fitted on the reference machine (2 vCPU Zen 3 guest, shared memory between
@@ -116,7 +126,7 @@ impl Default for CostModel {
             switch: 20e-6,
             efficiency: Vec::new(),
             protocols: Vec::new(),
-            pull: None,
+            pull: Vec::new(),
         };
         // The embedded file is checked by a test; a broken one would leave the base model.
         base.clone().with_text("reference.tune", REFERENCE).unwrap_or(base)
@@ -150,9 +160,10 @@ impl CostModel {
     /// This model with the settings of a tuning file (`name` names it in errors). Lines:
     /// `link CLASS ALPHA_US BETA_GBPS GAMMA_GBPS DELTA_GBPS`, `switch US`,
     /// `efficiency COLLECTIVE ALGORITHM spread|crowded LATENCY BANDWIDTH`,
-    /// `protocol PROTOCOL LATENCY BANDWIDTH`, `pull COMBINING PLAIN` (byte counts such as
-    /// `64K`, or `off`: from which length combined and placed messages are pulled); `#`
-    /// starts a comment.
+    /// `protocol PROTOCOL LATENCY BANDWIDTH`, `pull COMBINING PLAIN [ranks=N]` (byte counts
+    /// such as `64K`, or `off`: from which length combined and placed messages are pulled,
+    /// on hosts of `N` ranks, or any); `#` starts a comment. A later line replaces an earlier
+    /// one of the same kind.
     pub fn with_text(mut self, name: &str, text: &str) -> Result<CostModel> {
         for (no, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
@@ -201,12 +212,20 @@ impl CostModel {
                     self.protocols.retain(|p| p.0 != proto);
                     self.protocols.push((proto, latency, bandwidth));
                 }
-                ["pull", combining, plain] => {
+                ["pull", combining, plain, ref count @ ..] if count.len() <= 1 => {
                     let bytes = |v: &str| crate::byte_count::parse_threshold("pull", v).ok();
                     let (Some(combining), Some(plain)) = (bytes(combining), bytes(plain)) else {
                         return Err(bad("pull lengths are byte counts (64K, 2M) or off"));
                     };
-                    self.pull = Some(PullMin { combining, plain });
+                    let ranks = match count.first() {
+                        None => None,
+                        Some(c) => match c.strip_prefix("ranks=").and_then(|n| n.parse::<usize>().ok()) {
+                            Some(n) if n > 0 => Some(n),
+                            _ => return Err(bad("a pull line ends with ranks=N, N the ranks on the host")),
+                        },
+                    };
+                    self.pull.retain(|l| l.ranks != ranks);
+                    self.pull.push(PullLine { ranks, min: PullMin { combining, plain } });
                 }
                 _ => return Err(bad("not a link, switch, efficiency, protocol or pull line")),
             }
@@ -214,11 +233,23 @@ impl CostModel {
         Ok(self)
     }
 
-    /// A tuning file's line for pull thresholds `p` (without its newline), as
-    /// [`CostModel::with_text`] reads it: `pull COMBINING PLAIN`, `off` for never.
-    pub fn pull_line(p: PullMin) -> String {
+    /// A tuning file's line for `line` (without its newline), as [`CostModel::with_text`]
+    /// reads it: `pull COMBINING PLAIN [ranks=N]`, `off` for never.
+    pub fn pull_line(line: PullLine) -> String {
         use crate::byte_count::threshold_text;
-        format!("pull {} {}", threshold_text(p.combining), threshold_text(p.plain))
+        let p = line.min;
+        let text = format!("pull {} {}", threshold_text(p.combining), threshold_text(p.plain));
+        match line.ranks {
+            Some(n) => format!("{text} ranks={n}"),
+            None => text,
+        }
+    }
+
+    /// The thresholds measured for hosts of `ranks` ranks: that count's line, else the line
+    /// for any count.
+    pub fn pull_for(&self, ranks: usize) -> Option<PullMin> {
+        let of = |r: Option<usize>| self.pull.iter().find(|l| l.ranks == r).map(|l| l.min);
+        of(Some(ranks)).or_else(|| of(None))
     }
 
     /// The factors (latency, bandwidth) on messages that travel by `p`.
@@ -239,8 +270,8 @@ impl CostModel {
             );
         }
         out += &format!("switch {:.4}\n", self.switch * 1e6);
-        if let Some(p) = self.pull {
-            out += &CostModel::pull_line(p);
+        for &line in &self.pull {
+            out += &CostModel::pull_line(line);
             out.push('\n');
         }
         for (p, lat, bw) in &self.protocols {
@@ -323,6 +354,9 @@ mod tests {
             ("pull 64K", "not a link"),
             ("pull 64K -1", "byte counts"),
             ("pull 0 1M", "byte counts"),
+            ("pull 1M 1M 4", "ranks=N"),
+            ("pull 1M 1M ranks=0", "ranks=N"),
+            ("pull 1M 1M ranks=4 x", "not a link"),
             ("# fine\nbogus", "line 2"),
         ] {
             let err = plain().with_text("t.tune", text).unwrap_err().to_string();
@@ -333,14 +367,25 @@ mod tests {
 
     #[test]
     fn pull_lengths_are_read_and_written_back() {
-        assert_eq!(CostModel::default().pull, None);
+        assert_eq!(CostModel::default().pull, vec![]);
+        assert_eq!(CostModel::default().pull_for(2), None);
         let m = plain().with_text("t.tune", "pull 4M off\n").unwrap();
-        assert_eq!(m.pull, Some(PullMin { combining: 4 << 20, plain: usize::MAX }));
+        let any = PullMin { combining: 4 << 20, plain: usize::MAX };
+        assert_eq!(m.pull, vec![PullLine { ranks: None, min: any }]);
         assert!(m.to_text().contains("pull 4194304 off\n"), "{}", m.to_text());
         assert_eq!(plain().with_text("again", &m.to_text()).unwrap().pull, m.pull);
-        // A later line replaces an earlier one.
-        let m = plain().with_text("t.tune", "pull 1M 2M\npull 32K 16K").unwrap();
-        assert_eq!(m.pull, Some(PullMin { combining: 32 << 10, plain: 16 << 10 }));
+        // A later line replaces an earlier one of the same count; each count has its own.
+        let m = plain()
+            .with_text("t.tune", "pull 1M 2M\npull 32K 16K ranks=4\npull 32K 16K\npull 2M 128K ranks=4")
+            .unwrap();
+        let four = PullMin { combining: 2 << 20, plain: 128 << 10 };
+        assert_eq!(m.pull_for(4), Some(four));
+        assert_eq!(m.pull_for(2), Some(PullMin { combining: 32 << 10, plain: 16 << 10 }));
+        assert!(m.to_text().contains("pull 2097152 131072 ranks=4\n"), "{}", m.to_text());
+        assert_eq!(plain().with_text("again", &m.to_text()).unwrap().pull, m.pull);
+        // Without a line for any count, other counts keep the built-in thresholds.
+        let m = plain().with_text("t.tune", "pull 2M 128K ranks=4").unwrap();
+        assert_eq!((m.pull_for(4), m.pull_for(2)), (Some(four), None));
     }
 
     #[test]

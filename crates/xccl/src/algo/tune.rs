@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-pub use super::cost_model::{CostModel, Efficiency, LinkClass, LinkCost};
+pub use super::cost_model::{CostModel, Efficiency, LinkClass, LinkCost, PullLine};
 pub use super::costing::Costing;
 use super::{Algorithm, Shape};
 use crate::coll::CollKind;

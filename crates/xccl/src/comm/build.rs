@@ -132,12 +132,11 @@ pub(super) fn wants_mpi() -> Result<bool> {
 /// of its processor and the ranks on its host, or of any processor where the ranks are
 /// `threads` of one process (a pull is then a copy, with no pages pinned).
 pub(super) fn pull_min(config: &Config, group: &Group, threads: bool) -> PullMin {
-    if threads {
-        return config.pull.over(PullMin::default());
-    }
     let here = group.hosts[group.rank];
     let ranks_on_host = group.hosts.iter().filter(|&&h| h == here).count();
-    config.pull.over(PullMin::built_in(CpuVendor::this(), ranks_on_host))
+    let built_in =
+        if threads { PullMin::default() } else { PullMin::built_in(CpuVendor::this(), ranks_on_host) };
+    config.pull_min(ranks_on_host, built_in)
 }
 
 impl Communicator {
@@ -436,11 +435,16 @@ mod tests {
         assert_eq!(pull_min(&config, &group(2), false), PullMin::built_in(CpuVendor::this(), 1));
         // Threads of one process copy: the thresholds of any processor.
         assert_eq!(pull_min(&config, &group(1), true), PullMin::default());
-        // What is set stands, on every kind of rank.
+        // What is set stands, on every kind of rank; a tuning file's line for the ranks on
+        // the host, over the built-in thresholds.
         let set = PullMin { combining: 8 << 10, plain: 1 << 30 };
         let config = Config { pull: PullSetting::exactly(set), ..Config::default() };
         for threads in [false, true] {
             assert_eq!(pull_min(&config, &group(1), threads), set);
         }
+        let costs = CostModel::default().with_text("t", "pull 16K off ranks=3").unwrap();
+        let config = Config { costs, ..Config::default() };
+        assert_eq!(pull_min(&config, &group(1), false), PullMin { combining: 16 << 10, plain: usize::MAX });
+        assert_eq!(pull_min(&config, &group(2), false), PullMin::built_in(CpuVendor::this(), 1));
     }
 }
