@@ -217,7 +217,7 @@ mod tests {
             |pairs: &[(&str, &str)]| with(pairs).unwrap().pull_min(4, PullMin::built_in(CpuVendor::Amd, 4));
         assert_eq!(intel(&[]), PullMin { combining: 64 << 10, plain: 32 << 10 });
         assert_eq!(amd(&[]), PullMin { combining: 1 << 20, plain: 128 << 10 });
-        assert_eq!(PullMin::built_in(CpuVendor::Amd, 2), PullMin { combining: 1 << 20, plain: 512 << 10 });
+        assert_eq!(PullMin::built_in(CpuVendor::Amd, 2), PullMin { combining: 512 << 10, plain: 512 << 10 });
         assert_eq!(PullMin::built_in(CpuVendor::Other, 8), intel(&[]));
         // Set alone, the combining threshold also sets the placed one (half of it) ...
         for resolve in [intel, amd] {
