@@ -146,7 +146,7 @@ pub(crate) fn export(
             )
         })?,
     };
-    if buf.len_bytes() > 0 && (buf.buf_ptr() as usize) % dtype.size() != 0 {
+    if buf.len_bytes() > 0 && !(buf.buf_ptr() as usize).is_multiple_of(dtype.size()) {
         return Err(invalid(
             py,
             api,

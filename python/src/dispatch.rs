@@ -170,10 +170,10 @@ impl PyCommunicator {
         dtype: Option<&str>,
     ) -> PyResult<Work> {
         let (input, output) = Self::two_held(py, api, input, output, dtype)?;
-        if let Some(one) = Self::in_place(&call, &input, &output) {
-            if let Some(o) = output {
-                return self.spawn_one(py, &one, o, input.into_iter().collect());
-            }
+        if let Some(one) = Self::in_place(&call, &input, &output)
+            && let Some(o) = output
+        {
+            return self.spawn_one(py, &one, o, input.into_iter().collect());
         }
         let dtype = common_dtype(py, api, input.as_ref(), output.as_ref())?;
         let pending = with_element!(dtype, T => {

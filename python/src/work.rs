@@ -77,11 +77,11 @@ struct Slot {
 impl Slot {
     /// Records the outcome if the operation has completed; whether the outcome is known.
     fn collect(&mut self) -> bool {
-        if matches!(&self.state, State::Running(p) if p.is_completed()) {
-            if let State::Running(p) = std::mem::replace(&mut self.state, State::Waiting) {
-                // Completed: returns at once.
-                self.state = State::Done(p.finish());
-            }
+        if matches!(&self.state, State::Running(p) if p.is_completed())
+            && let State::Running(p) = std::mem::replace(&mut self.state, State::Waiting)
+        {
+            // Completed: returns at once.
+            self.state = State::Done(p.finish());
         }
         matches!(self.state, State::Done(_))
     }
@@ -107,12 +107,11 @@ impl Work {
         let mut slot = Slot { state: State::Running(pending), held };
         // Collected now to raise argument errors at the call; the buffers stay held until
         // the program sees the operation complete, as for any operation.
-        if slot.collect() {
-            if let State::Done(Err(e @ (xccl::Error::InvalidArgument { .. } | xccl::Error::Config(_)))) =
+        if slot.collect()
+            && let State::Done(Err(e @ (xccl::Error::InvalidArgument { .. } | xccl::Error::Config(_)))) =
                 &slot.state
-            {
-                return Err(to_py(py, e));
-            }
+        {
+            return Err(to_py(py, e));
         }
         Ok(Work { slot: Mutex::new(slot), cv: Condvar::new() })
     }
@@ -216,11 +215,11 @@ impl Work {
 impl Drop for Work {
     fn drop(&mut self) {
         let s = self.slot.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if let State::Running(p) = std::mem::replace(&mut s.state, State::Done(Ok(()))) {
-            if !p.is_completed() {
-                let held = std::mem::take(&mut s.held);
-                ORPHANS.lock().unwrap_or_else(PoisonError::into_inner).push((p, held));
-            }
+        if let State::Running(p) = std::mem::replace(&mut s.state, State::Done(Ok(())))
+            && !p.is_completed()
+        {
+            let held = std::mem::take(&mut s.held);
+            ORPHANS.lock().unwrap_or_else(PoisonError::into_inner).push((p, held));
         }
     }
 }

@@ -95,7 +95,7 @@ pub fn parse(spec: &str, hosts: usize, costs: &CostModel) -> Result<Topology, St
 /// Two near-equal factors of `n`.
 fn square(n: usize) -> Vec<usize> {
     let mut a = (n as f64).sqrt() as usize;
-    while a > 1 && n % a != 0 {
+    while a > 1 && !n.is_multiple_of(a) {
         a -= 1;
     }
     vec![a.max(1), n / a.max(1)]

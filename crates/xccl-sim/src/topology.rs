@@ -157,7 +157,7 @@ impl Topology {
         bw: f64,
         lat: f64,
     ) -> Result<Topology, String> {
-        if k < 2 || k % 2 != 0 {
+        if k < 2 || !k.is_multiple_of(2) {
             return Err(format!("fat-tree: k must be even and at least 2, not {k}"));
         }
         let half = k / 2;

@@ -247,8 +247,12 @@ impl CpuVendor {
     pub fn this() -> CpuVendor {
         #[cfg(target_arch = "x86_64")]
         {
-            // Leaf 0 holds the vendor string in ebx, edx, ecx; every x86-64 processor has it.
-            let id = std::arch::x86_64::__cpuid(0);
+            // Leaf 0 holds the vendor string in ebx, edx, ecx. `__cpuid` is a safe function in
+            // current Rust and an unsafe one up to 1.93 (this crate builds from 1.88).
+            #[allow(unused_unsafe)]
+            // SAFETY: every x86-64 processor has the `cpuid` instruction and its leaf 0; it
+            // only reads identification registers.
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
             let mut name = [0u8; 12];
             for (i, r) in [id.ebx, id.edx, id.ecx].into_iter().enumerate() {
                 name[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());

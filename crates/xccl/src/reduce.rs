@@ -354,7 +354,9 @@ fn stream_chunk(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        debug_assert!(dst.len() == src.len() && dst.len() % 16 == 0 && dst.as_ptr().align_offset(16) == 0);
+        debug_assert!(
+            dst.len() == src.len() && dst.len().is_multiple_of(16) && dst.as_ptr().align_offset(16) == 0
+        );
         for (d, s) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
             // SAFETY: both pieces hold 16 bytes; `d` is 16-byte aligned (the caller's `dst`
             // is, and every piece lies a multiple of 16 bytes into it), as the streaming

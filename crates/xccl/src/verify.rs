@@ -601,10 +601,10 @@ mod tests {
     fn broken_schedules_are_caught() {
         // Rank 1 combines its own contribution twice instead of passing the sum on.
         let e = broken(4, |r, p| {
-            if r == 1 {
-                if let Op::Send { src, .. } = &mut p.steps[1].ops[0] {
-                    src.buf = Buf::Input;
-                }
+            if r == 1
+                && let Op::Send { src, .. } = &mut p.steps[1].ops[0]
+            {
+                src.buf = Buf::Input;
             }
         })
         .unwrap_err();
@@ -632,10 +632,10 @@ mod tests {
         assert!(e.contains("deadlock"), "{e}");
         // Rank 1 sends one element too many (of a block in the middle of its buffer).
         let e = broken(3, |r, p| {
-            if r == 1 {
-                if let Op::Send { src, .. } = &mut p.steps[0].ops[0] {
-                    src.len += 1;
-                }
+            if r == 1
+                && let Op::Send { src, .. } = &mut p.steps[0].ops[0]
+            {
+                src.len += 1;
             }
         })
         .unwrap_err();

@@ -58,8 +58,8 @@ fn lowbit_tree(n: usize) -> Tree {
 pub(super) fn trees(n: usize) -> [Tree; 2] {
     let a = lowbit_tree(n);
     // Rank r sits at label `label(r)` of the second tree.
-    let label = |r: usize| if n % 2 == 0 { n - 1 - r } else { (r + n - 1) % n };
-    let rank_of = |l: usize| if n % 2 == 0 { n - 1 - l } else { (l + 1) % n };
+    let label = |r: usize| if n.is_multiple_of(2) { n - 1 - r } else { (r + n - 1) % n };
+    let rank_of = |l: usize| if n.is_multiple_of(2) { n - 1 - l } else { (l + 1) % n };
     let b = Tree {
         parent: (0..n).map(|r| a.parent[label(r)].map(rank_of)).collect(),
         children: (0..n).map(|r| a.children[label(r)].iter().map(|&c| rank_of(c)).collect()).collect(),

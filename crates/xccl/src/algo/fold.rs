@@ -35,7 +35,7 @@ impl Fold {
 
     pub fn role(&self, rank: usize) -> Role {
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 Role::Extra { host: rank + 1 }
             } else {
                 Role::Part { v: rank / 2, extra: Some(rank - 1) }

@@ -73,11 +73,11 @@ impl StoreBoard {
             // A refusal means the store's process has ended: say so at once rather than
             // retry as a rank joining a job does.
             let (StoreAddress::Ours { addr, .. } | StoreAddress::C10d { addr, .. }) = &self.store;
-            if let Some(a) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                if let Err(e) = TcpStream::connect_timeout(&a, patience.max(Duration::from_millis(1))) {
-                    let ended = e.kind() == std::io::ErrorKind::ConnectionRefused;
-                    return Err(NoAnswer { why: format!("the store at {addr}: {e}"), ended });
-                }
+            if let Some(a) = addr.to_socket_addrs().ok().and_then(|mut a| a.next())
+                && let Err(e) = TcpStream::connect_timeout(&a, patience.max(Duration::from_millis(1)))
+            {
+                let ended = e.kind() == std::io::ErrorKind::ConnectionRefused;
+                return Err(NoAnswer { why: format!("the store at {addr}: {e}"), ended });
             }
             let client = match &self.store {
                 StoreAddress::Ours { addr, auth } => {

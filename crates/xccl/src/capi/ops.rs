@@ -65,7 +65,7 @@ fn raw<T: Element>(api: &'static str, what: &str, ptr: *const c_void, count: usi
     }
     let ptr = NonNull::new(ptr.cast_mut().cast::<T>())
         .ok_or_else(|| invalid(api, format!("{what} is NULL, but the call has {count} elements for it")))?;
-    if ptr.as_ptr() as usize % align_of::<T>() != 0 {
+    if !(ptr.as_ptr() as usize).is_multiple_of(align_of::<T>()) {
         return Err(invalid(api, format!("{what} ({ptr:p}) is not aligned for {}", T::DTYPE)));
     }
     Ok(Raw { ptr, len: count })

@@ -49,10 +49,10 @@ pub unsafe extern "C" fn xcclWait(work: xcclWork_t, timeoutMs: i64) -> xcclResul
         Ok(w) => w,
         Err(e) => return super::fail(&e),
     };
-    if let Ok(ms) = u64::try_from(timeoutMs) {
-        if !w.done.wait_for(Duration::from_millis(ms)) {
-            return xcclInProgress;
-        }
+    if let Ok(ms) = u64::try_from(timeoutMs)
+        && !w.done.wait_for(Duration::from_millis(ms))
+    {
+        return xcclInProgress;
     }
     guard(|| w.done.wait_result())
 }

@@ -186,7 +186,7 @@ impl Communicator {
 
     fn plan_all_to_all<T: Element>(&self, in_len: usize, out_len: usize) -> Plan {
         expect("all_to_all", "the output", out_len, in_len)?;
-        if in_len % self.size() != 0 {
+        if !in_len.is_multiple_of(self.size()) {
             let msg =
                 format!("the buffers' {in_len} elements do not split into {} equal blocks", self.size());
             return Err(Error::invalid("all_to_all", msg));

@@ -129,10 +129,10 @@ impl Engine {
             if spell.is_none() {
                 spell = self.links.spell(&run.touched);
             }
-            if let Some(s) = spell.as_mut() {
-                if self.links.pause(s, &run.touched, run.copy_wait()) {
-                    continue;
-                }
+            if let Some(s) = spell.as_mut()
+                && self.links.pause(s, &run.touched, run.copy_wait())
+            {
+                continue;
             }
             // A message on the channel this rank does not expect it on will never be read.
             for k in 0..run.touched.len() {

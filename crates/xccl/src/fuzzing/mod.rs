@@ -60,16 +60,13 @@ const PATIENCE: Duration = Duration::from_secs(1);
 /// done with a decoded one (described, compared with a call); then all of `data` as the
 /// last bytes a closed connection left, read for its last word.
 pub fn frame_header(data: &[u8]) {
-    if let Some(head) = data.first_chunk::<HEADER_LEN>() {
-        if let Ok(h) = Header::decode(head) {
-            let _ = h.describe();
-            let desc = seeds::desc();
-            let _ = h.matches(&desc) || h.matches(&OpDesc { seq: h.seq, ..desc });
-            assert!(
-                h.len as usize <= crate::frame::MAX_PAYLOAD,
-                "a frame longer than the limit passed: {h:?}"
-            );
-        }
+    if let Some(head) = data.first_chunk::<HEADER_LEN>()
+        && let Ok(h) = Header::decode(head)
+    {
+        let _ = h.describe();
+        let desc = seeds::desc();
+        let _ = h.matches(&desc) || h.matches(&OpDesc { seq: h.seq, ..desc });
+        assert!(h.len as usize <= crate::frame::MAX_PAYLOAD, "a frame longer than the limit passed: {h:?}");
     }
     let _ = Farewells { comm: seeds::COMM }.read(data);
 }

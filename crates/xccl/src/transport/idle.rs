@@ -154,7 +154,7 @@ impl Memory {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
-            if spell.looks % SPINS_PER_LOOK != 0 {
+            if !spell.looks.is_multiple_of(SPINS_PER_LOOK) {
                 return true;
             }
             self.share_core(spell, current_cpu(), peers);

@@ -363,10 +363,10 @@ impl Links {
     /// Looks at once whether `peer` has ended its side, and records how; `at` is where its
     /// incoming stream stands (see [`Link::hangup`]).
     pub fn probe(&mut self, peer: usize, at: Within<'_>) {
-        if self.gone.get(peer).is_some_and(Option::is_none) {
-            if let Some(Ok(Some(how))) = self.links[peer].as_mut().map(|l| l.hangup(at)) {
-                self.gone[peer] = Some(how);
-            }
+        if self.gone.get(peer).is_some_and(Option::is_none)
+            && let Some(Ok(Some(how))) = self.links[peer].as_mut().map(|l| l.hangup(at))
+        {
+            self.gone[peer] = Some(how);
         }
     }
 

@@ -24,7 +24,7 @@ impl<T: Element> Small for T {}
 /// of up to 64 ranks stay below 2^9 (exact in every float type).
 pub fn val<T: Small>(op: ReduceOp, rank: usize, i: usize, salt: usize) -> T {
     let v = match op {
-        ReduceOp::Prod => 1 + i64::from((rank + i + salt) % 5 == 0),
+        ReduceOp::Prod => 1 + i64::from((rank + i + salt).is_multiple_of(5)),
         _ => ((rank * 7 + i * 13 + salt * 3) % 8) as i64,
     };
     T::small(v)
