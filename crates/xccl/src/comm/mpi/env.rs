@@ -309,7 +309,7 @@ unsafe extern "C" fn kernel<const OP: u8>(
 /// `dst = dst ⊕ src`, through aligned copies where MPI's buffers are not aligned for the type.
 fn combine_unaligned(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<()> {
     let align = dtype.size();
-    if (dst.as_ptr() as usize) % align == 0 && (src.as_ptr() as usize) % align == 0 {
+    if (dst.as_ptr() as usize).is_multiple_of(align) && (src.as_ptr() as usize).is_multiple_of(align) {
         return reduce::combine(dtype, op, dst, src);
     }
     let words = dst.len().div_ceil(8);
