@@ -11,6 +11,9 @@
 #   COLLS="all_reduce broadcast" SIZES=8,64K WINDOW=0.1 bash bench/launches.sh 20
 #                                                  (other collectives: every row against Open
 #                                                   MPI's, launch by launch, in the same state)
+#   XFLAGS="--page-offsets 16" bash bench/launches.sh 20
+#                                                  (more flags for xccl's bench: here its buffers
+#                                                   placed as Open MPI's harness places its own)
 #   WINDOW=0.1 bash bench/launches.sh 50           (each size's runs fixed for the series so that
 #                                                       a launch times it for about 0.1 s: its state,
 #                                                       which a burst of another thread does not
@@ -48,6 +51,7 @@ OUT="${OUT:-$REPO/target/bench/launches}"
 NPS="${NPS:-2 4}"
 SIZES="${SIZES:-8,1K,1M}"
 COLLS="${COLLS:-all_reduce}"
+read -r -a XFLAGS <<<"${XFLAGS:-}"
 ITERS="${ITERS:-100}"
 WARMUP="${WARMUP:-10}"
 WINDOW="${WINDOW:-}"
@@ -64,7 +68,7 @@ fi
 {
   echo "date: $(date -Is)"; uname -a; lscpu | grep -E "Model name|^CPU\(s\)"
   "$XCCL" --version; [ -n "$OMPI" ] && mpirun --version | head -1
-  echo "launches=$LAUNCHES nps=$NPS colls=$COLLS sizes=$SIZES iters=$ITERS window=$WINDOW warmup=$WARMUP loads=$LOADS before=${BEFORE:-}"
+  echo "launches=$LAUNCHES nps=$NPS colls=$COLLS xflags=${XFLAGS[*]} sizes=$SIZES iters=$ITERS window=$WINDOW warmup=$WARMUP loads=$LOADS before=${BEFORE:-}"
 } > "$OUT/env.txt" 2>&1
 
 RAW="$OUT/raw.tsv"
@@ -100,7 +104,7 @@ launch() {
     mpirun --allow-run-as-root --oversubscribe -np "$np" "$OMPI" -s "$sizes" -o "$(ompi_op "$coll")" "$@" -w "$WARMUP" -W 10 2>/dev/null \
       | awk '$1 ~ /^[0-9]+$/ {print $1, $5, $10}'
   else
-    "$bin" run -n "$np" -- "$bin" bench "$coll" --sizes "$sizes" "$@" -w "$WARMUP" --peer-format 2>&1 | rows
+    "$bin" run -n "$np" -- "$bin" bench "$coll" --sizes "$sizes" "$@" "${XFLAGS[@]}" -w "$WARMUP" --peer-format 2>&1 | rows
   fi
 }
 record() { # IMPL LOAD NP COLL LAUNCH LAT_BEFORE LAT_AFTER < rows

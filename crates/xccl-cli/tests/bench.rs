@@ -1,5 +1,6 @@
 //! `xccl bench` sweeps protocols beside algorithms, `XCCL_DEBUG=info` names each plan's
-//! protocols beside its algorithm, and buffers on huge pages carry every collective.
+//! protocols beside its algorithm, buffers on huge pages carry every collective, and buffers
+//! placed within their pages show when pulls go through the bounce buffer.
 
 mod common;
 
@@ -144,4 +145,44 @@ fn the_timed_runs_stop_at_the_cap() {
     let refused = xccl().args(["bench", "all_reduce", "--local", "2", "--max-iters", "2"]).output().unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--max-iters"), "{}", text(&refused));
+}
+
+#[test]
+fn buffers_placed_a_few_bytes_apart_are_pulled_through_the_bounce_buffer_and_said_so() {
+    // Two processes pull each other's block of a 256 KiB all-gather (pulled from 64 KiB on
+    // every machine). The output 16 bytes further into its page than the input puts each
+    // block's destination 16 bytes past its source: the copy goes through the bounce buffer,
+    // once per process says the debug log. Buffers at the same place in their pages do not.
+    let run = |offsets: &str| {
+        let mut cmd = xccl();
+        cmd.env("XCCL_DEBUG", "info").env("XCCL_PULL_PLAIN_BYTES", "64K").args([
+            "run",
+            "-n",
+            "2",
+            "--",
+            env!("CARGO_BIN_EXE_xccl"),
+            "bench",
+            "all_gather",
+            "--sizes",
+            "256K",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--page-offsets",
+            offsets,
+        ]);
+        text(&run_ok(&mut cmd))
+    };
+    let notice = "goes through a bounce buffer";
+    let apart = run("0,16");
+    assert!(apart.contains("Out of bounds values : 0 OK"), "{apart}");
+    assert!(apart.contains("lies 16 bytes past its source"), "{apart}");
+    assert_eq!(apart.matches(notice).count(), 2, "one notice per process\n{apart}");
+    let together = run("16");
+    assert!(together.contains("Out of bounds values : 0 OK"), "{together}");
+    assert!(!together.contains(notice), "{together}");
+    let bad =
+        xccl().args(["bench", "all_gather", "--local", "2", "--page-offsets", "4096"]).output().unwrap();
+    assert!(!bad.status.success() && text(&bad).contains("0 to 4095"), "{}", text(&bad));
 }

@@ -9,22 +9,59 @@ use xccl::{Buffer, CollKind, Communicator, Element, HostBuffer, ReduceOp, refere
 
 use super::BenchArgs;
 
-/// A benchmark buffer: a `Vec` by default, as most programs hold their data, or a
-/// [`HostBuffer`] on huge pages (`--huge-pages`).
+/// A benchmark buffer: a `Vec` by default, as most programs hold their data, a
+/// [`HostBuffer`] on huge pages (`--huge-pages`), or a `Vec`'s elements from a chosen offset
+/// within a page (`--page-offsets`).
 pub(crate) enum Mem<T> {
     /// Ordinary heap memory.
     Heap(Vec<T>),
     /// Memory on 2 MiB pages.
     Huge(HostBuffer<T>),
+    /// Heap memory whose elements `start..start + len` are the buffer.
+    At { heap: Vec<T>, start: usize, len: usize },
 }
+
+/// Which of a case's buffers (`--page-offsets` places them apart).
+#[derive(Copy, Clone)]
+enum Which {
+    Input,
+    Output,
+}
+
+/// A page as `--page-offsets` counts it.
+const PAGE: usize = 4096;
 
 impl<T: Element> Mem<T> {
     /// The same elements in the memory `args` asks for.
-    fn placed(self, args: &BenchArgs) -> xccl::Result<Self> {
-        Ok(match self {
-            Mem::Heap(v) if args.huge_pages => Mem::Huge(HostBuffer::from_slice(&v)?),
-            other => other,
+    fn placed(self, args: &BenchArgs, which: Which) -> xccl::Result<Self> {
+        let offset = args.page_offsets.map(|(input, output)| match which {
+            Which::Input => input,
+            Which::Output => output,
+        });
+        Ok(match (self, offset) {
+            (Mem::Heap(v), _) if args.huge_pages => Mem::Huge(HostBuffer::from_slice(&v)?),
+            (Mem::Heap(v), Some(offset)) if !v.is_empty() => Mem::at(&v, offset)?,
+            (other, _) => other,
         })
+    }
+
+    /// `v`'s elements in new heap memory, the first `offset` bytes past a page boundary.
+    fn at(v: &[T], offset: usize) -> xccl::Result<Self> {
+        let es = size_of::<T>();
+        if !offset.is_multiple_of(es) {
+            return Err(xccl::Error::InvalidArgument {
+                op: "--page-offsets",
+                msg: format!("{offset} bytes is not a whole number of elements of {es} bytes"),
+            });
+        }
+        // A page more than needed, so that some element lies at every offset of a page (a
+        // `Vec` of elements is aligned to their size, as are the offset and the page, so the
+        // gap is whole elements).
+        let mut heap: Vec<T> = vec![T::from_f64(0.0); v.len() + PAGE / es];
+        let gap = (offset + PAGE - heap.as_ptr() as usize % PAGE) % PAGE;
+        let start = gap / es;
+        heap[start..start + v.len()].copy_from_slice(v);
+        Ok(Mem::At { heap, start, len: v.len() })
     }
 }
 
@@ -52,6 +89,7 @@ impl<T> Deref for Mem<T> {
         match self {
             Mem::Heap(v) => v,
             Mem::Huge(h) => h,
+            Mem::At { heap, start, len } => &heap[*start..*start + *len],
         }
     }
 }
@@ -61,12 +99,14 @@ impl<T> DerefMut for Mem<T> {
         match self {
             Mem::Heap(v) => v,
             Mem::Huge(h) => h,
+            Mem::At { heap, start, len } => &mut heap[*start..*start + *len],
         }
     }
 }
 
-// SAFETY: both variants are `Buffer`s (heap or mapped memory the value owns, which does not
-// move when the value moves); the enum only forwards to the one it holds.
+// SAFETY: every variant is heap or mapped memory the value owns, which does not move when
+// the value moves (a `Vec`'s elements stay where they are when the `Vec` is moved, and none
+// is ever grown); the enum only hands out the slice of it the variant describes.
 unsafe impl<T: Element> Buffer<T> for Mem<T> {
     fn as_slice(&self) -> &[T] {
         self
@@ -227,7 +267,11 @@ pub(crate) fn case<T: Element>(c: &Communicator, args: &BenchArgs, bytes: usize)
             }
         }
     };
-    Ok(Case { input: k.input.placed(args)?, output: k.output.placed(args)?, ..k })
+    Ok(Case {
+        input: k.input.placed(args, Which::Input)?,
+        output: k.output.placed(args, Which::Output)?,
+        ..k
+    })
 }
 
 pub(crate) fn run_once<T: Element>(c: &Communicator, args: &BenchArgs, k: &mut Case<T>) -> xccl::Result<()> {

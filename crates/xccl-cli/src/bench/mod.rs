@@ -143,8 +143,15 @@ pub struct BenchArgs {
     pub peer_format: bool,
     /// Buffers on 2 MiB pages (`xccl::HostBuffer`), which large messages between processes
     /// of one host copy much faster from; by default, ordinary heap memory (`Vec`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "page_offsets")]
     pub huge_pages: bool,
+    /// Place the input at an address `IN` bytes past a 4 KiB boundary and the output `OUT`
+    /// bytes past one (`--page-offsets IN[,OUT]`; `OUT` is `IN` when left out; each a
+    /// multiple of the element size below 4096), as Open MPI's harness's `-p` places both
+    /// its buffers; by default wherever the heap puts them. Copies between buffers a few
+    /// bytes apart modulo 4 KiB are the slow case of `rep movsb` (docs/PERFORMANCE.md).
+    #[arg(long, value_parser = parse_page_offsets)]
+    pub page_offsets: Option<(usize, usize)>,
     /// Run in place (one buffer for input and output), as PyTorch's API does; results are
     /// checked on the first run only, since every run changes the data.
     #[arg(long)]
@@ -201,6 +208,7 @@ impl BenchArgs {
             proto: None,
             every_proto: false,
             huge_pages: false,
+            page_offsets: None,
             compute_us: 0.0,
         }
     }
@@ -237,6 +245,22 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
         0 => 0.0,
         n if n % 2 == 1 => v[n / 2],
         n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// `--page-offsets IN[,OUT]`: the input's and the output's bytes past a 4 KiB boundary.
+fn parse_page_offsets(s: &str) -> Result<(usize, usize), String> {
+    let parse = |v: &str| -> Result<usize, String> {
+        let n: usize = v.trim().parse().map_err(|_| format!("{v:?} is not a number of bytes"))?;
+        if n >= 4096 {
+            return Err(format!("{n} is past the 4 KiB page it places a buffer in (0 to 4095)"));
+        }
+        Ok(n)
+    };
+    match s.split(',').collect::<Vec<_>>()[..] {
+        [both] => parse(both).map(|n| (n, n)),
+        [input, output] => Ok((parse(input)?, parse(output)?)),
+        _ => Err(format!("{s:?}: expected IN or IN,OUT (bytes past a 4 KiB boundary)")),
     }
 }
 

@@ -6,6 +6,7 @@
 //! restrictive ptrace policy), which is probed when the shared-memory segment is set up.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::copy::{self, PAGE, SHORT_MIN, short_distance};
 
@@ -75,9 +76,25 @@ fn cross(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io:
         Direction::Write => (addr as usize, local as usize),
     };
     if len >= SHORT_MIN && short_distance(dst, src) {
+        say_bounced(dst.wrapping_sub(src) % PAGE);
         return bounced(pid, local, len, addr, dir);
     }
     cross_direct(pid, local, len, addr, dir)
+}
+
+/// Says once per process (`XCCL_DEBUG=info`) that copies between processes go through the
+/// bounce buffer, why, and what keeps buffers off it: the user cannot see it otherwise, and
+/// it can halve the rate of mid-size messages (docs/PERFORMANCE.md).
+fn say_bounced(distance: usize) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::info!(
+            "a copy between processes whose destination lies {distance} bytes past its source (modulo 4 KiB) \
+             goes through a bounce buffer, twice the copying (rep movsb stalls at that distance); with \
+             buffers aligned to 64 bytes (as PyTorch's tensors and xccl's HostBuffers are) and blocks of \
+             whole 64-byte lines, no copy meets it"
+        );
+    }
 }
 
 /// Bytes moved through the bounce buffer at a time: the buffer stays in the core's L2.
