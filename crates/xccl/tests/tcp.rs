@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -306,8 +307,10 @@ fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
     // joins later), and rank 1 then streams its half while rank 0 leaves. Rank 0 must say
     // its farewell once rank 1 reads, and must not close with rank 1's bytes unread (a reset
     // can overtake the farewell); rank 1, in the middle of one of rank 0's frames, must find
-    // the farewell behind it.
+    // the farewell behind it. Rank 1 joins only once rank 0 has aborted: on a crowded
+    // machine a late abort would otherwise let the exchange finish first.
     for round in 0..5 {
+        let aborted = AtomicBool::new(false);
         let errs = on_tcp_ranks(2, test_config(), |c| {
             let input = vec![c.rank() as f32; 16 << 20];
             let mut output = vec![0f32; 16 << 20];
@@ -316,9 +319,14 @@ fn a_rank_that_aborts_mid_exchange_is_heard_with_its_reason() {
                     s.spawn(|| {
                         std::thread::sleep(Duration::from_millis(20));
                         c.abort("disk on fire").unwrap();
+                        aborted.store(true, Ordering::Release);
                     });
                 } else {
-                    std::thread::sleep(Duration::from_millis(60));
+                    let since = Instant::now();
+                    while !aborted.load(Ordering::Acquire) && since.elapsed() < Duration::from_secs(30) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(Duration::from_millis(40));
                 }
                 c.all_to_all(&input, &mut output).err()
             })
