@@ -87,7 +87,8 @@ fn cross(pid: i32, local: *mut u8, len: usize, addr: u64, dir: Direction) -> io:
 /// it can halve the rate of mid-size messages (docs/PERFORMANCE.md).
 fn say_bounced(distance: usize) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
+    // Read first: every bounced copy passes here, and only the first need write the line.
+    if !SAID.load(Ordering::Relaxed) && !SAID.swap(true, Ordering::Relaxed) {
         tracing::info!(
             "a copy between processes whose destination lies {distance} bytes past its source (modulo 4 KiB) \
              goes through a bounce buffer, twice the copying (rep movsb stalls at that distance); with \
