@@ -19,11 +19,17 @@ Blocks, as xccl's GPT names them: `embed` (token + position embedding), `h00` ..
 gives stage 0 the first 5 blocks and stage 1 the next 5 (xccl: `--pp-balance 5,5`); without
 it the blocks are cut into contiguous runs minimising the largest stage's parameter count.
 With `--schedule interleaved --virtual-stages V` there are pp x V stages, stage s on rank
-s % pp (ScheduleInterleaved1F1B), and --split lists pp x V counts.
+s % pp (ScheduleInterleaved1F1B), and --split lists pp x V counts. With `--schedule zb-v`
+(ScheduleZBVZeroBubble; --virtual-stages is 2, the default for it) there are 2 pp stages in a
+V: rank r holds stages r and 2 pp - 1 - r (rank 0 the first and the last); without --split
+they are cut as xccl cuts chunks (layers / (2 pp) layers each, embed with the first, head with
+the last; --layers must be a multiple of 2 pp), and M must be >= 2 pp - 1 (xccl's bound).
 
 Schedules: `gpipe` = ScheduleGPipe, `1f1b` = Schedule1F1B, `interleaved` =
 ScheduleInterleaved1F1B, `zb-h1` = ScheduleInterleavedZeroBubble with one stage per rank
-(PyTorch's zero-bubble schedule: the backward split into input and weight gradients), each with n_microbatches = --micro-batches. How PyTorch splits and
+(PyTorch's zero-bubble schedule: the backward split into input and weight gradients), `zb-v` =
+ScheduleZBVZeroBubble (Qi et al.'s ZB-V, section 6: two stages per rank in a V, the backward
+split likewise), each with n_microbatches = --micro-batches. How PyTorch splits and
 scales (what xccl must match to train the same thing):
   - micro-batches: `step(ids, target=...)` splits the batch along dim 0 with
     torch.tensor_split into M contiguous pieces (first ones one row larger when M does not
@@ -52,7 +58,8 @@ backward_one_chunk): busy, and span = from the start of schedule.step to the end
 rank's last backward; bubble_measured = 1 - busy / span, per rank, averaged over ranks (as
 xccl's pipeline.bubble_measured: 1 - busy / span, span up to the rank's last backward),
 bubble_of_step = 1 - busy / (whole schedule.step), next to the closed form
-(p - 1) / (v m + p - 1). Both count PyTorch's own work between the chunks (Python
+(p - 1) / (v m + p - 1) (zb-h1: (p - 1) / (3 m + p - 1); zb-v: (p - 1) / (6 m + p - 1), in
+units of one chunk's pass, as xccl's pipeline.bubble_schedule). Both count PyTorch's own work between the chunks (Python
 scheduling, posting and waiting for sends and receives) as bubble.
 Rank 0 writes mean and median step ms, the loss curve and per-rank memory (peak RSS from
 getrusage maxrss, params held) to --out as JSON and prints it.
@@ -115,6 +122,24 @@ def balance(sizes, stages):
         counts.append(i - j)
         i = j
     return counts[::-1]
+
+
+def equal_layers(layers, chunks):
+    """xccl's cut with virtual stages: every chunk the same number of layers, the embedding
+    with the first chunk, the head with the last (counts of blocks per chunk)."""
+    per = layers // chunks
+    counts = [per] * chunks
+    counts[0] += 1
+    counts[-1] += 1
+    return counts
+
+
+def stages_of(rank, pp, v, schedule):
+    """The global stage indices a rank holds: ZB-V's V (r and 2 pp - 1 - r), else looped
+    (r, r + pp, ...)."""
+    if schedule == "zb-v":
+        return [rank, 2 * pp - 1 - rank]
+    return list(range(rank, pp * v, pp))
 
 
 class Stage(nn.Module):
@@ -196,7 +221,7 @@ def rank_main(rank, args, port, counts):
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
-    mine = list(range(rank, n_stages, pp))  # stage indices on this rank
+    mine = stages_of(rank, pp, v, args.schedule)  # stage indices on this rank
     modules = [Stage(model, names[bounds[s] : bounds[s + 1]]) for s in mine]
 
     reference = None
@@ -231,8 +256,12 @@ def rank_main(rank, args, port, counts):
         "1f1b": Schedule1F1B,
         "interleaved": ScheduleInterleaved1F1B,
         "zb-h1": ScheduleInterleavedZeroBubble,
-    }[args.schedule]
-    if args.schedule in ("interleaved", "zb-h1"):
+    }.get(args.schedule)
+    if args.schedule == "zb-v":
+        from torch.distributed.pipelining import ScheduleZBVZeroBubble
+
+        kind = ScheduleZBVZeroBubble  # V-style stage-to-rank mapping; exactly 2 stages per rank
+    if args.schedule in ("interleaved", "zb-h1", "zb-v"):
         schedule = kind(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
     else:
         schedule = kind(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
@@ -374,7 +403,7 @@ def rank_main(rank, args, port, counts):
             "step_ms_min": min(ms),
             "step_ms_max": max(ms),
             "tokens_per_second": tokens / (statistics.mean(ms) / 1e3),
-            "bubble_schedule": (pp - 1) / ((3 * m if args.schedule == "zb-h1" else v * m) + pp - 1),
+            "bubble_schedule": (pp - 1) / ({"zb-h1": 3 * m, "zb-v": 6 * m}.get(args.schedule, v * m) + pp - 1),
             "bubble_measured": statistics.mean(r["bubble_measured"] for r in per_rank),
             "bubble_of_step": statistics.mean(r["bubble_of_step"] for r in per_rank),
             "loss_first": sum(losses[:k]) / k,
@@ -398,9 +427,9 @@ def rank_main(rank, args, port, counts):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pp", type=int, default=2, help="pipeline ranks")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1"), default="1f1b")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"), default="1f1b")
     p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--virtual-stages", type=int, default=1, help="stages per rank (interleaved)")
+    p.add_argument("--virtual-stages", type=int, default=None, help="stages per rank (interleaved; zb-v: 2, its default; else 1)")
     p.add_argument("--split", default="", help="blocks per stage, e.g. 5,5 (default: balanced by parameters)")
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="fused")
@@ -419,8 +448,15 @@ def main():
     args = p.parse_args()
     if args.width % args.heads:
         p.error("--width must be a multiple of --heads")
-    if args.schedule != "interleaved" and args.virtual_stages != 1:
-        p.error("--virtual-stages > 1 needs --schedule interleaved")
+    if args.virtual_stages is None:
+        args.virtual_stages = 2 if args.schedule == "zb-v" else 1
+    if args.schedule == "zb-v":
+        if args.virtual_stages != 2:
+            p.error("--schedule zb-v runs exactly 2 stages per rank (--virtual-stages 2)")
+        if args.micro_batches < 2 * args.pp - 1:
+            p.error(f"--schedule zb-v needs --micro-batches >= 2 --pp - 1 = {2 * args.pp - 1} (as xccl)")
+    elif args.schedule != "interleaved" and args.virtual_stages != 1:
+        p.error("--virtual-stages > 1 needs --schedule interleaved or zb-v")
     if args.batch % args.micro_batches:
         p.error("--batch must be a multiple of --micro-batches (PyTorch sizes its receive buffers from micro-batch 0)")
     if args.schedule in ("1f1b", "zb-h1") and args.micro_batches < args.pp:
@@ -431,6 +467,10 @@ def main():
         counts = [int(c) for c in args.split.split(",")]
         if len(counts) != n_stages or sum(counts) != n_blocks or min(counts) < 1:
             p.error(f"--split needs {n_stages} positive counts summing to {n_blocks} blocks (embed, {args.layers} layers, head)")
+    elif args.schedule == "zb-v":
+        if args.layers % n_stages:
+            p.error(f"--schedule zb-v cuts {n_stages} chunks of equal layers (as xccl): --layers must be a multiple of {n_stages}")
+        counts = equal_layers(args.layers, n_stages)
     else:
         counts = balance(block_params(build_model(args)), n_stages)
     with socket.socket() as s:

@@ -17,14 +17,20 @@
 #     with the same split (SPLIT, blocks per stage, default embed + the first half of the
 #     layers | the other half + head, i.e. 5,5; xccl gets it as --pp-balance). PyTorch runs
 #     WARMUP untimed steps first; xccl leaves each rank's first step out of step_seconds.
-#     SCHEDULES (default "gpipe 1f1b zb-h1") picks the schedules (zb-h1: PyTorch's
-#     ScheduleInterleavedZeroBubble with one stage per rank); adding "interleaved" also
-#     compares interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
+#     SCHEDULES (default "gpipe 1f1b zb-h1 zb-v") picks the schedules (zb-h1: PyTorch's
+#     ScheduleInterleavedZeroBubble with one stage per rank; zb-v: PyTorch's
+#     ScheduleZBVZeroBubble against `xccl train --schedule zb-v --virtual-stages 2`, 2P = 4
+#     chunks in a V, rank r holding stages r and 2P-1-r, cut as xccl cuts them: LAYERS / 4
+#     layers each, embed with the first, head with the last; skipped with a note unless
+#     M >= 2P - 1 and LAYERS is a multiple of 4); adding "interleaved" also compares
+#     interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
 #  2. bubble (BUBBLE=1), xccl only (traced; --trace is passed if the CLI has it): P in BUBBLE_PS ("2 4"), M in BUBBLE_MS
-#     ("4 8 16 32"), schedules BUBBLE_SCHEDULES ("gpipe 1f1b zb-h1 interleaved"; interleaved
-#     with V = 2 where the P x V stages fit into the LAYERS + 2 blocks), BUBBLE_STEPS steps,
+#     ("4 8 16 32"), schedules BUBBLE_SCHEDULES ("gpipe 1f1b zb-h1 interleaved zb-v";
+#     interleaved with V = 2 where the P x V stages fit into the LAYERS + 2 blocks; zb-v with
+#     V = 2 where LAYERS is a multiple of 2P and M >= 2P - 1, else skipped with a note, e.g.
+#     P = 4, M = 4), BUBBLE_STEPS steps,
 #     batch BATCH, xccl's default balance; reads summary.json's pipeline.bubble_measured and
-#     .bubble_schedule, and compares each ZB-H1 bubble time with 1F1B's. P = 4
+#     .bubble_schedule, and compares each ZB-H1 and ZB-V bubble time with 1F1B's. P = 4
 #     means 4 ranks x 1 thread on the 2 cores: oversubscribed, so a rank waiting in the
 #     pipeline hands its core to another and the measured bubble is not that of 4 cores.
 #  3. memory (MEM=1): P = 2, M = MEM_M (16), batch MEM_BATCH (128, so that activations
@@ -39,7 +45,8 @@
 # (medians over repetitions) to $OUT/summary.md (bench/summarize_pp.py).
 # Times on this machine (256x8x4, batch 32, M = 8): PyTorch ~0.33 s per step, ~25 s per run
 # with start-up; xccl ~0.5 s per step. One repetition of everything (with SCHEDULES including
-# interleaved) took 14 minutes, most of it the 24 bubble runs.
+# interleaved, before zb-v was added) took 14 minutes, most of it the 24 bubble runs; zb-v
+# adds a comparison pair and 7 bubble runs (P = 4, M = 4 is skipped).
 set -euo pipefail
 REPS="${1:-3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -52,14 +59,14 @@ BATCH="${BATCH:-32}"
 M="${M:-8}"
 STEPS="${STEPS:-30}"
 WARMUP="${WARMUP:-5}"
-SCHEDULES="${SCHEDULES:-gpipe 1f1b zb-h1}"
+SCHEDULES="${SCHEDULES:-gpipe 1f1b zb-h1 zb-v}"
 CMP_V="${CMP_V:-2}"
 CMP="${CMP:-1}"
 BUBBLE="${BUBBLE:-1}"
 BUBBLE_PS="${BUBBLE_PS:-2 4}"
 BUBBLE_MS="${BUBBLE_MS:-4 8 16 32}"
 BUBBLE_STEPS="${BUBBLE_STEPS:-10}"
-BUBBLE_SCHEDULES="${BUBBLE_SCHEDULES:-gpipe 1f1b zb-h1 interleaved}"
+BUBBLE_SCHEDULES="${BUBBLE_SCHEDULES:-gpipe 1f1b zb-h1 interleaved zb-v}"
 MEM="${MEM:-1}"
 MEM_M="${MEM_M:-16}"
 MEM_BATCH="${MEM_BATCH:-128}"
@@ -111,10 +118,21 @@ mkdir -p "$OUT"
 
 vtag() { if [ "$1" -gt 1 ]; then echo "_v$1"; fi; }
 
+# ZB-V (2 chunks per rank in a V) needs M >= 2P - 1 and LAYERS a multiple of 2P (equal layers
+# per chunk, as xccl cuts them): prints why not and fails otherwise.
+zbv_fits() {  # p m what
+  if [ "$2" -lt $(( 2 * $1 - 1 )) ]; then
+    echo "note: skip $3 zb-v P=$1 M=$2: ZB-V needs M >= 2P - 1 = $(( 2 * $1 - 1 ))" >&2; return 1
+  fi
+  if [ $(( layers % (2 * $1) )) != 0 ]; then
+    echo "note: skip $3 zb-v P=$1: $layers layers do not cut into 2P = $(( 2 * $1 )) equal chunks" >&2; return 1
+  fi
+}
+
 torch_pp() {  # kind schedule p v m batch steps warmup split rep
   local name="torch_$1_$2_p$3$(vtag "$4")_m$5_${CFG}_r${10}" extra=()
   if [ -n "$9" ]; then extra=(--split "$9"); fi
-  if [ "$2" = interleaved ]; then extra+=(--virtual-stages "$4"); fi
+  if [ "$2" = interleaved ] || [ "$2" = zb-v ]; then extra+=(--virtual-stages "$4"); fi
   # shellcheck disable=SC2086
   $RUN "$PY" "$HERE/pp_vs_torch.py" --pp "$3" --schedule "$2" --micro-batches "$5" "${extra[@]}" \
     --width "$width" --layers "$layers" --heads "$heads" --batch "$6" --steps "$7" --warmup "$8" \
@@ -127,7 +145,7 @@ xccl_pp() {  # kind schedule p v m batch steps split rep [extra flags...]
   local name="xccl_$1_${schedule}_p$3$(vtag "$4")_m$5_${CFG}_r$9"
   local extra=("${@:10}")
   if [ -n "$8" ]; then extra+=(--pp-balance "$8"); fi
-  if [ "$schedule" = interleaved ]; then extra+=(--virtual-stages "$4"); fi
+  if [ "$schedule" = interleaved ] || [ "$schedule" = zb-v ]; then extra+=(--virtual-stages "$4"); fi
   case " ${extra[*]} " in *" --recompute "*) name="${name/_${schedule}_/_${schedule}-recompute_}";; esac
   local dir="$OUT/$name"
   rm -rf "$dir"
@@ -144,6 +162,10 @@ for rep in $(seq 1 "$REPS"); do
   if [ "$CMP" = 1 ]; then
     for s in $SCHEDULES; do
       if [ "$s" = interleaved ]; then v="$CMP_V"; split=""; else v=1; split="$SPLIT"; fi
+      if [ "$s" = zb-v ]; then
+        v=2; split=""  # both sides cut 4 chunks of equal layers (xccl refuses --pp-balance with V > 1)
+        zbv_fits 2 "$M" comparison || continue
+      fi
       if [ "$TORCH" = 1 ]; then torch_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$WARMUP" "$split" "$rep"; fi
       if [ "$XCCL_ON" = 1 ]; then xccl_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$split" "$rep"; fi
     done
@@ -157,6 +179,10 @@ for rep in $(seq 1 "$REPS"); do
           if [ "$s" = interleaved ]; then
             v=2
             [ $(( p * v )) -le $(( layers + 2 )) ] || continue
+          fi
+          if [ "$s" = zb-v ]; then
+            v=2
+            zbv_fits "$p" "$m" bubble || continue
           fi
           if [ "$s" != gpipe ] && [ "$m" -lt "$p" ]; then continue; fi
           xccl_pp bubble "$s" "$p" "$v" "$m" "$BATCH" "$BUBBLE_STEPS" "" "$rep" "${TRACE[@]}"

@@ -12,7 +12,10 @@ per_rank[i].stage) may be missing: it prints "n/a" then.
 Step times are what each side reports: PyTorch's mean step (the slowest rank's, per step)
 over the timed steps after its warm-up, xccl's `step_seconds` (its mean over the steps after
 each rank's first). The closed-form bubble is (P - 1) / (V M + P - 1); ZB-H1's
-(P - 1 + max(P - M, 0)) / (3 M + P - 1 + max(P - M, 0)).
+(P - 1 + max(P - M, 0)) / (3 M + P - 1 + max(P - M, 0)); ZB-V's (`zb-v`, V = 2, M >= 2P - 1)
+(P - 1) / (6 M + P - 1), in units of one chunk's pass.
+ZB-H1's and ZB-V's bubble times (pipeline.bubble_measured x step) are compared with 1F1B's at
+the same P and M, per repetition, beside their closed forms (pipeline.bubble_schedule).
 """
 
 import glob
@@ -24,8 +27,8 @@ import sys
 
 from summarize_tp import NA, fmt, load, med, mib  # the same helpers as the TP summary
 
-NAME = re.compile(r"^(torch|xccl)_(cmp|bubble|mem)_([a-z0-9]+(?:-h1)?(?:-recompute)?)_p(\d+)(?:_v(\d+))?_m(\d+)_(.+)_r(\d+)$")
-ORDER = {"gpipe": 0, "1f1b": 1, "1f1b-recompute": 2, "zb-h1": 3, "interleaved": 4}
+NAME = re.compile(r"^(torch|xccl)_(cmp|bubble|mem)_([a-z0-9]+(?:-h1|-v)?(?:-recompute)?)_p(\d+)(?:_v(\d+))?_m(\d+)_(.+)_r(\d+)$")
+ORDER = {"gpipe": 0, "1f1b": 1, "1f1b-recompute": 2, "zb-h1": 3, "interleaved": 4, "zb-v": 5}
 
 
 def num(x):
@@ -34,10 +37,13 @@ def num(x):
 
 def closed_form(p, v, m, sched=""):
     """The schedule's bubble in units of one pass (F = B = W = 1, a whole backward 2): (p-1)
-    over the step; ZB-H1 (p-1) + max(p-m, 0) idle units over 3m + p-1 + max(p-m, 0)."""
+    over the step; ZB-H1 (p-1) + max(p-m, 0) idle units over 3m + p-1 + max(p-m, 0); ZB-V
+    (two chunks per rank, a unit one chunk's pass) p-1 idle units over 6m + p-1."""
     if sched == "zb-h1":
         idle = p - 1 + max(p - m, 0)
         return idle / (3 * m + idle)
+    if sched == "zb-v":
+        return (p - 1) / (6 * m + p - 1)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -96,7 +102,7 @@ def main(out):
     print("xccl / PyTorch < 1 means xccl is faster. Bubble = 1 - busy / span per rank, mean over ranks (span: from the")
     print("step's start to the rank's last backward; PyTorch: busy = time in forward_one_chunk/backward_one_chunk, so its")
     print("own scheduling and p2p work count as bubble; xccl: summary.json's pipeline.bubble_measured); closed form")
-    print("(P - 1) / (V M + P - 1), ZB-H1 (P - 1) / (3 M + P - 1) for M >= P. Loss = first -> last (PyTorch: means of the first and last 5 timed steps).")
+    print("(P - 1) / (V M + P - 1), ZB-H1 (P - 1) / (3 M + P - 1) for M >= P, ZB-V (P - 1) / (6 M + P - 1). Loss = first -> last (PyTorch: means of the first and last 5 timed steps).")
     print()
     print("| config | schedule | P | V | M | params | PyTorch step (ms) | xccl step (ms) | xccl / PyTorch | PyTorch bubble | xccl bubble | closed form | PyTorch loss | xccl loss | runs (torch/xccl) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -119,7 +125,7 @@ def main(out):
     print("(oversubscribed): a rank idle in the pipeline lends its core to another, so its measured bubble is not")
     print("that of 4 cores. 'xccl closed form' is what xccl's summary.json reports (pipeline.bubble_schedule).")
     print()
-    print("| config | P | schedule | V | M | closed form (P-1)/(VM+P-1); ZB-H1 (P-1)/(3M+P-1) | xccl closed form | xccl measured | measured - closed form | step (ms) | runs |")
+    print("| config | P | schedule | V | M | closed form (P-1)/(VM+P-1); ZB-H1 (P-1)/(3M+P-1); ZB-V (P-1)/(6M+P-1) | xccl closed form | xccl measured | measured - closed form | step (ms) | runs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for k in sorted(keys("bubble", "xccl"), key=lambda k: (k[5], k[2], ORDER.get(k[1], 9), k[3], k[4])):
         (_, sched, p, v, m, cfg) = k
@@ -130,11 +136,14 @@ def main(out):
         print(f"| {cfg} | {p} | {sched} | {v} | {m} | {cf:.3f} | {fmt(sch, '.3f')} | {fmt(meas, '.3f')} | {diff} "
               f"| {fmt(med([step_ms('xccl', r) for r in x]))} | {len(x)} |")
 
-    # The zero-bubble target: ZB-H1's bubble time (measured fraction x step) against 1F1B's at
-    # the same P and M, per repetition (the runs of one repetition are interleaved), beside
-    # what its pass times give: Qi et al.'s bubbles, (P-1)(F + Bi - W) for ZB-H1 against
-    # (P-1)(F + Bi + W) for 1F1B, with the median F, Bi and W of the run's last step (its
-    # pipeline.timeline); a third only where F + Bi = 2 W.
+    # The zero-bubble targets: ZB-H1's and ZB-V's bubble time (measured fraction x step)
+    # against 1F1B's at the same P and M, per repetition (the runs of one repetition are
+    # interleaved), beside the closed forms: the fractions b that summary.json reports
+    # (pipeline.bubble_schedule) and the bubble-time ratio they give for the same work per rank,
+    # (b / (1 - b)) / (b_1F1B / (1 - b_1F1B)): 1/3 for ZB-H1 (M >= P), 1/6 for ZB-V (F = Bi = W).
+    # For ZB-H1 also what its pass times give: Qi et al.'s bubbles, (P-1)(F + Bi - W) for ZB-H1
+    # against (P-1)(F + Bi + W) for 1F1B, with the median F, Bi and W of the run's last step
+    # (its pipeline.timeline); a third only where F + Bi = 2 W.
     def bubble_ms(r):
         b, step = pipeline("xccl", r)[0], step_ms("xccl", r)
         return b * step if num(b) and num(step) else None
@@ -148,23 +157,40 @@ def main(out):
         f, bi, w = (med(times.get(k, [])) for k in ("F", "Bi", "W"))
         return (f + bi - w) / (f + bi + w) if None not in (f, bi, w) else None
 
-    zb = [k for k in keys("bubble", "xccl") if k[1] == "zb-h1"]
-    if zb:
+    def odds(b):
+        return b / (1 - b) if num(b) and b < 1 else None
+
+    for zsched, title, target in (("zb-h1", "ZB-H1", "1/3"), ("zb-v", "ZB-V", "1/6")):
+        zb = [k for k in keys("bubble", "xccl") if k[1] == zsched]
+        if not zb:
+            continue
         print()
-        print("ZB-H1's bubble time (measured bubble x step) over 1F1B's at the same P and M (target <= 1/3), per")
-        print("repetition and their median, and the ratio its pass times give, (F + Bi - W) / (F + Bi + W):")
+        print(f"{title}'s bubble time (measured bubble x step) over 1F1B's at the same P and M (target <= {target}), per")
+        print("repetition and their median; the closed forms (pipeline.bubble_schedule, medians) and the bubble-time")
+        print("ratio they give for the same work, (b / (1 - b)) / (b_1F1B / (1 - b_1F1B))"
+              + ("; and the ratio its pass times give, (F + Bi - W) / (F + Bi + W):" if zsched == "zb-h1" else ":"))
         print()
-        print("| config | P | M | ZB-H1 bubble (ms) per repetition | 1F1B's (ms) | ratio per repetition | median ratio | from the pass times |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(f"| config | P | M | {title} bubble (ms) per repetition | 1F1B's (ms) | ratio per repetition | median ratio "
+              f"| {title} closed form | 1F1B closed form | closed-form ratio |" + (" from the pass times |" if zsched == "zb-h1" else ""))
+        print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if zsched == "zb-h1" else ""))
         for k in sorted(zb, key=lambda k: (k[5], k[2], k[4])):
             (_, sched, p, v, m, cfg) = k
-            base = {r["_rep"]: bubble_ms(r) for r in get("xccl", ("bubble", "1f1b", p, v, m, cfg))}
+            base_runs = [r for kk in keys("bubble", "xccl") if kk[1:3] == ("1f1b", p) and kk[4:] == (m, cfg)
+                         for r in get("xccl", kk)]
+            base = {r["_rep"]: bubble_ms(r) for r in base_runs}
             mine = {r["_rep"]: bubble_ms(r) for r in get("xccl", k)}
             reps = sorted(rep for rep in mine if num(mine[rep]) and num(base.get(rep)) and base[rep] > 0)
             ratios = [mine[rep] / base[rep] for rep in reps]
-            print(f"| {cfg} | {p} | {m} | {' / '.join(fmt(mine[r], '.1f') for r in reps)} "
-                  f"| {' / '.join(fmt(base[r], '.1f') for r in reps)} | {' / '.join(f'{x:.2f}' for x in ratios)} "
-                  f"| {fmt(med(ratios), '.2f')} | {fmt(med([passes(r) for r in get('xccl', k)]), '.2f')} |")
+            cz = med([pipeline("xccl", r)[1] for r in get("xccl", k)])
+            c1 = med([pipeline("xccl", r)[1] for r in base_runs])
+            oz, o1 = odds(cz), odds(c1)
+            cratio = fmt(oz / o1, ".3f") if oz is not None and o1 else NA
+            row = (f"| {cfg} | {p} | {m} | {' / '.join(fmt(mine[r], '.1f') for r in reps)} "
+                   f"| {' / '.join(fmt(base[r], '.1f') for r in reps)} | {' / '.join(f'{x:.2f}' for x in ratios)} "
+                   f"| {fmt(med(ratios), '.2f')} | {fmt(cz, '.3f')} | {fmt(c1, '.3f')} | {cratio} |")
+            if zsched == "zb-h1":
+                row += f" {fmt(med([passes(r) for r in get('xccl', k)]), '.2f')} |"
+            print(row)
 
     print()
     print("## Memory per stage (medians over repetitions; MiB = 2^20 bytes)")

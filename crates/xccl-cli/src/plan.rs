@@ -24,8 +24,8 @@ use std::process::ExitCode;
 
 use xccl_train::config::{Balance, Strategy, TrainConfig};
 use xccl_train::pipeline::check::check;
+use xccl_train::pipeline::placement::Placement;
 use xccl_train::pipeline::schedule::{Kind, Schedule};
-use xccl_train::pipeline::stages::chunks_of;
 
 use crate::sim_train::measure::Profile;
 use crate::sim_train::{self, Layout, Prediction, SimTrainArgs, predict_crowded};
@@ -88,7 +88,7 @@ impl Candidate {
         t.pp = self.pp;
         t.sp = self.sp;
         t.schedule = self.schedule;
-        t.virtual_stages = self.virtual_stages;
+        t.virtual_stages = Some(self.virtual_stages);
         t.accum = self.micro_batches;
         t.zero = self.zero;
         t.recompute = self.recompute;
@@ -159,7 +159,7 @@ pub fn candidates(ranks: usize, batch: usize, max_micro: usize) -> Vec<Candidate
                     }
                     for kind in Kind::ALL {
                         for recompute in [false, true] {
-                            let v = if kind == Kind::Interleaved { 2 } else { 1 };
+                            let v = kind.chunks().unwrap_or(if kind == Kind::Interleaved { 2 } else { 1 });
                             out.push(Candidate {
                                 schedule: Some(kind),
                                 virtual_stages: v,
@@ -210,7 +210,8 @@ pub fn memory(config: &TrainConfig, profile: &Profile, layout: Layout) -> Result
     let input = |k: usize| if k == 0 { 0 } else { blocks[k - 1].out_elems * 4 };
     let mut worst = Memory { states: 0, activations: 0 };
     for rank in 0..layout.pp {
-        let chunks = chunks_of(&stages, layout.pp, rank);
+        let placement = config.pipeline.as_ref().map_or(Placement::Looped, |pc| pc.schedule.placement());
+        let chunks = placement.chunks_of(&stages, layout.pp, rank);
         let mine: Vec<usize> = chunks.iter().flat_map(|c| c.clone()).collect();
         let psi: usize = mine.iter().map(|&k| blocks[k].params).sum();
         let largest = mine.iter().map(|&k| blocks[k].params).max().unwrap_or(0);
@@ -303,7 +304,7 @@ fn plan(args: &PlanArgs) -> Result<(), String> {
         ("--pp", base.pp != 1),
         ("--sp", base.sp),
         ("--schedule", base.schedule.is_some()),
-        ("--virtual-stages", base.virtual_stages != 1),
+        ("--virtual-stages", base.virtual_stages.is_some()),
         ("--micro-batches", base.accum != 1),
         ("--zero", base.zero.is_some()),
         ("--recompute", base.recompute),
@@ -547,7 +548,7 @@ mod tests {
         let argv: Vec<String> = c.flags().split(' ').map(String::from).collect();
         let t = Wrap::try_parse_from(std::iter::once("x".to_string()).chain(argv)).unwrap().args;
         assert_eq!(c.apply(&t).dp, t.dp);
-        assert_eq!((t.dp, t.tp, t.pp, t.virtual_stages, t.schedule), (c.dp, c.tp, c.pp, 2, c.schedule));
+        assert_eq!((t.dp, t.tp, t.pp, t.virtual_stages, t.schedule), (c.dp, c.tp, c.pp, Some(2), c.schedule));
     }
 
     #[test]

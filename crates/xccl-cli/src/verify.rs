@@ -98,17 +98,24 @@ fn pipelines(args: &VerifyArgs) -> bool {
          (interleaved):"
     );
     println!("complete, sends matched to receives, no deadlock, activations within the bound, the");
-    println!("simulated bubble (forward 1, backward 2 or, split by zb-h1, input gradient 1 and weight");
+    println!(
+        "simulated bubble (forward 1, backward 2 or, split by zb-h1 and zb-v, input gradient 1 and weight"
+    );
     println!("gradient 1, free communication) equal to the closed form.");
     println!(
         "'.' verified for every micro-batch count, 'X' failed, ' ' not applicable (interleaved with\n\
-         v > 1 needs 2 stages or more and a multiple of the stages as micro-batch count).\n"
+         v > 1 needs 2 stages or more and a multiple of the stages as micro-batch count; zb-v, v = 2,\n\
+         2 stages or more and at least 2·p − 1 micro-batches).\n"
     );
     let rows: Vec<(Kind, usize)> = Kind::ALL
         .into_iter()
         .flat_map(|kind| {
-            let max_v = if kind == Kind::Interleaved { virtual_stages } else { 1 };
-            (1..=max_v).map(move |v| (kind, v))
+            let vs = match kind.chunks() {
+                Some(v) => v..=v,
+                None if kind == Kind::Interleaved => 1..=virtual_stages,
+                None => 1..=1,
+            };
+            vs.map(move |v| (kind, v))
         })
         .collect();
     let mut cells = vec![vec![' '; stages]; rows.len()];

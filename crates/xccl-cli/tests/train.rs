@@ -190,6 +190,46 @@ fn pipeline_processes_match_a_single_process() {
 }
 
 #[test]
+fn zero_bubble_v_processes_match_a_single_process() {
+    // Four layers: two stages × two chunks of one layer, placed in a V (rank 0 holds the
+    // first and the last stage, so the tied embedding and head stay on one rank); batches of
+    // 12 rows: 3 micro-batches, the fewest zb-v runs on 2 stages.
+    let model: Vec<&str> = TINY
+        .iter()
+        .map(|&a| {
+            if a == "1" {
+                "4"
+            } else if a == "7" {
+                "12"
+            } else {
+                a
+            }
+        })
+        .collect();
+    let train = |out: &Path, args: &[&str]| train_on(&model, out, &[args, &["--steps", "30"]].concat());
+    let single = out_dir("zbv-single");
+    ok(&train(&single, &["--dp", "1", "--tied"]));
+    let zbv = out_dir("zbv");
+    ok(&train(&zbv, &["--pp", "2", "--dp", "1", "--micro-batches", "3", "--schedule", "zb-v", "--tied"]));
+    let d = rel_diff(&params(&zbv), &params(&single));
+    assert!(d < 1e-5, "zb-v pp 2: relative difference {d:e} from the single-process run");
+    // Each rank runs both of its chunks' forwards and split backwards.
+    let names: Vec<String> =
+        trace_events(&zbv).iter().filter_map(|e| e["name"].as_str().map(str::to_string)).collect();
+    for pass in ["F(", "Bi(", "W("] {
+        assert_eq!(names.iter().filter(|n| n.starts_with(pass)).count(), 2 * 2 * 3 * 30, "{pass} spans");
+    }
+    // Too few micro-batches: refused before training, saying how many it needs.
+    let few =
+        train(&out_dir("zbv-few"), &["--pp", "2", "--dp", "1", "--micro-batches", "2", "--schedule", "zb-v"]);
+    let stderr = String::from_utf8_lossy(&few.stderr);
+    assert!(!few.status.success() && stderr.contains("--micro-batches 3 or more"), "{stderr}");
+    for d in [single, zbv] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
 fn a_resumed_run_ends_bit_identical() {
     let whole = out_dir("whole");
     ok(&train(&whole, &["--dp", "2", "--steps", "10", "--checkpoint-every", "4"]));

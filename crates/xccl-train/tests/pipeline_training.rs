@@ -1,8 +1,9 @@
 //! Pipeline parallelism on thread ranks gives the parameters of single-process training:
 //! pp ∈ {1, 2, 4} × micro-batches ∈ {1, 3, 8} × every schedule, with and without
 //! recomputation; the 3D shapes dp × pp × tp up to 8 ranks, interleaved too; tied and
-//! untied heads. Reruns are bit-identical; a checkpoint written under one (dp, pp, tp)
-//! resumes under another; impossible shapes fail on every rank before any communication.
+//! untied heads; ZB-V in its V, tied and untied. Reruns are bit-identical; a checkpoint
+//! written under one (dp, pp, tp) resumes under another; impossible shapes fail on every
+//! rank before any communication.
 
 mod common;
 
@@ -82,6 +83,27 @@ fn interleaved_schedules_and_an_untied_head_match() {
             p.balance = balance.clone();
         }
         check(&config, 1, &expect, &format!("pp 3 balanced by {balance:?}"));
+    }
+}
+
+#[test]
+fn zero_bubble_v_matches_single_process_training() {
+    // Two chunks per stage in a V: 4 layers on 2 stages, 8 on 4, one layer per chunk. Tied:
+    // the embedding (first stage) and the head (last stage) are both rank 0's, and rank
+    // p − 1 hands its first chunk's output to its second itself.
+    for (layers, stages, tied, m, recompute, dp) in [
+        (4, 2, true, 3, false, 1),
+        (4, 2, false, 8, true, 1),
+        (4, 2, true, 4, false, 2),
+        (8, 4, true, 7, false, 1),
+    ] {
+        let mut base = tiny(OptimConfig::adamw(1e-3), ddp(), 4 * m * dp, 1, STEPS);
+        base.model.layers = layers;
+        base.model.tied = tied;
+        let expect = reference(&base);
+        let config = piped(&base, stages, Kind::ZeroBubbleV, 2, m, recompute);
+        let what = format!("zb-v, pp {stages}, dp {dp}, m {m}, tied {tied}, recompute {recompute}");
+        check(&config, dp, &expect, &what);
     }
 }
 

@@ -11,7 +11,6 @@ use xccl_sim::timeline::{self, Op};
 use xccl_sim::{Call, Topology, simulate};
 use xccl_train::config::{Strategy, TrainConfig};
 use xccl_train::pipeline::schedule::{Action, Schedule};
-use xccl_train::pipeline::stages::chunks_of;
 
 use super::Layout;
 use super::measure::Profile;
@@ -414,6 +413,10 @@ fn pipeline_lanes(
         let mut ops = Vec::new();
         let mut tags = Vec::new();
         let p2p = |sim: &mut Sim, peer: usize, elems: usize| {
+            // To itself (ZB-V's turn) a message is handed over in memory.
+            if peer == r {
+                return Ok(0.0);
+            }
             // A header of five u64 (the tensor's shape), then the f32 payload.
             let ranks = [layout.rank(r, 0, 0), layout.rank(peer, 0, 0)];
             Ok::<f64, String>(
@@ -428,25 +431,25 @@ fn pipeline_lanes(
                 | Action::BackwardInput { .. }
                 | Action::BackwardWeight { .. } => {
                     let (pass, chunk) = Pass::of(a, pc.recompute).ok_or("not a computation")?;
-                    let g = shape.global_stage(r, chunk);
+                    let g = schedule.global_stage(r, chunk);
                     let (c, t) = costs(pass, g);
                     (Op::compute(c + t), Some((pass, chunk)))
                 }
                 Action::SendActivation { mb, chunk, peer } => {
-                    let g = shape.global_stage(r, chunk);
+                    let g = schedule.global_stage(r, chunk);
                     let elems = profile.blocks[stages[g].end - 1].out_elems;
                     (Op::send(key(0, mb, g), p2p(sim, peer, elems)?), None)
                 }
                 Action::SendGradient { mb, chunk, peer } => {
-                    let g = shape.global_stage(r, chunk);
+                    let g = schedule.global_stage(r, chunk);
                     let elems = profile.blocks[stages[g].start.saturating_sub(1)].out_elems;
                     (Op::send(key(1, mb, g), p2p(sim, peer, elems)?), None)
                 }
                 Action::RecvActivation { mb, chunk, .. } => {
-                    (Op::recv(key(0, mb, shape.global_stage(r, chunk) - 1)), None)
+                    (Op::recv(key(0, mb, schedule.global_stage(r, chunk) - 1)), None)
                 }
                 Action::RecvGradient { mb, chunk, .. } => {
-                    (Op::recv(key(1, mb, shape.global_stage(r, chunk) + 1)), None)
+                    (Op::recv(key(1, mb, schedule.global_stage(r, chunk) + 1)), None)
                 }
                 Action::OptimizerStep => break,
             };
@@ -459,12 +462,12 @@ fn pipeline_lanes(
     let tl = timeline::run(&lanes)?;
     let mut out = Vec::new();
     for (r, spans) in tl.spans.iter().enumerate() {
-        let chunks = chunks_of(stages, shape.stages, r);
+        let chunks = schedule.chunks_of(stages, r);
         let (mut busy, mut tp) = (0.0, 0.0);
         let mut done: HashMap<usize, f64> = HashMap::new();
         for &(i, _, end) in spans {
             let Some((pass, chunk)) = what[r][i] else { continue };
-            let (c, t) = costs(pass, shape.global_stage(r, chunk));
+            let (c, t) = costs(pass, schedule.global_stage(r, chunk));
             busy += c;
             tp += t;
             if let Pass::Backward { weights: true, .. } = pass {

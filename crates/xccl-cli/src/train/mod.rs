@@ -95,14 +95,17 @@ pub struct TrainArgs {
     /// --micro-batches at the same time.
     #[arg(long, default_value_t = 1)]
     pub pp: usize,
-    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (1F1B with the backward split
-    /// into input and weight gradients, the latter deferred into the bubble) [default: 1f1b;
-    /// a schedule given with --pp 1 runs the pipeline executor on one stage].
+    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 (1F1B with the backward split
+    /// into input and weight gradients, the latter deferred into the bubble) or zb-v (two
+    /// chunks per stage in a V, the backward split, a sixth of 1F1B's bubble; needs
+    /// --micro-batches ≥ 2·pp − 1) [default: 1f1b; a schedule given with --pp 1 runs the
+    /// pipeline executor on one stage].
     #[arg(long, value_parser = parse_schedule)]
     pub schedule: Option<Kind>,
-    /// Model chunks per pipeline stage (--schedule interleaved).
-    #[arg(long, default_value_t = 1)]
-    pub virtual_stages: usize,
+    /// Model chunks per pipeline stage (--schedule interleaved; zb-v runs 2) [default: 2 with
+    /// --schedule zb-v, else 1].
+    #[arg(long)]
+    pub virtual_stages: Option<usize>,
     /// Pipeline (or --zero 3): keep only each micro-batch's stage (block) input, run its
     /// forward again in backward.
     #[arg(long)]
@@ -281,12 +284,14 @@ impl TrainArgs {
             sp: self.sp,
             pipeline: (self.pp != 1
                 || self.schedule.is_some()
-                || self.virtual_stages != 1
+                || self.virtual_stages.is_some()
                 || (self.recompute && self.zero != Some(3)))
             .then(|| PipelineConfig {
                 stages: self.pp,
                 schedule: self.schedule.unwrap_or(Kind::OneFOneB),
-                virtual_stages: self.virtual_stages,
+                virtual_stages: self
+                    .virtual_stages
+                    .unwrap_or_else(|| self.schedule.and_then(Kind::chunks).unwrap_or(1)),
                 recompute: self.recompute,
                 balance: self.pp_balance.clone(),
             }),

@@ -131,7 +131,7 @@ impl Run<'_> {
         if mb >= shape.micro_batches || chunk >= shape.virtual_stages || peer >= shape.stages {
             return fail(Fault::OutOfRange);
         }
-        let g = shape.global_stage(rank, chunk);
+        let g = self.s.global_stage(rank, chunk);
         let last = shape.global_stages() - 1;
         let pair = mb * shape.virtual_stages + chunk;
         let done = self.ranks[rank].done[pair];
@@ -163,7 +163,7 @@ impl Run<'_> {
                 let next = (payload == Payload::Activation) == send;
                 let other = if next { (g < last).then(|| g + 1) } else { g.checked_sub(1) };
                 let Some(other) = other else { return fail(Fault::NoSuchMessage) };
-                let expected = shape.locate(other).0;
+                let expected = self.s.locate(other).0;
                 if peer != expected {
                     return fail(Fault::WrongPeer { expected });
                 }
@@ -239,19 +239,19 @@ impl Run<'_> {
         let v = shape.virtual_stages;
         for (pair, &done) in self.ranks[rank].done.iter().enumerate() {
             let (mb, chunk) = (pair / v, pair % v);
-            let g = shape.global_stage(rank, chunk);
+            let g = self.s.global_stage(rank, chunk);
             let missing = if done & FORWARD == 0 {
                 Action::Forward { mb, chunk }
-            } else if done & INPUT == 0 && self.s.kind == Kind::ZeroBubble {
+            } else if done & INPUT == 0 && self.s.kind.splits_backward() {
                 Action::BackwardInput { mb, chunk }
             } else if done & INPUT == 0 {
                 Action::Backward { mb, chunk }
             } else if done & WEIGHT == 0 {
                 Action::BackwardWeight { mb, chunk }
             } else if g < last && done & SENT_ACTIVATION == 0 {
-                Action::SendActivation { mb, chunk, peer: shape.locate(g + 1).0 }
+                Action::SendActivation { mb, chunk, peer: self.s.locate(g + 1).0 }
             } else if g > 0 && done & SENT_GRADIENT == 0 {
-                Action::SendGradient { mb, chunk, peer: shape.locate(g - 1).0 }
+                Action::SendGradient { mb, chunk, peer: self.s.locate(g - 1).0 }
             } else {
                 continue;
             };
@@ -324,8 +324,12 @@ pub fn check_all(
 ) -> usize {
     let mut skipped = 0;
     for kind in Kind::ALL {
-        let max_v = if kind == Kind::Interleaved { max_virtual } else { 1 };
-        for virtual_stages in 1..=max_v {
+        let chunks = match kind.chunks() {
+            Some(v) => v..=v,
+            None if kind == Kind::Interleaved => 1..=max_virtual,
+            None => 1..=1,
+        };
+        for virtual_stages in chunks {
             for stages in 1..=max_stages {
                 for micro_batches in 1..=max_micro_batches {
                     let shape = Shape { stages, micro_batches, virtual_stages };
@@ -360,9 +364,11 @@ mod tests {
                     // rank's work, 3·(v·m + p − 1); ZB-H1's fill and drain take one unit a
                     // stage, p − 1 plus p − m more with fewer micro-batches than stages (rank
                     // 0's first weight gradient waits 2·p − 1 for its input gradient, then
-                    // 2·m of backwards); the bound is reached.
+                    // 2·m of backwards); ZB-V's rank r waits r units for its first activation,
+                    // then works its 6·m without a gap; the bound is reached.
                     let makespan = match kind {
                         Kind::ZeroBubble => 3 * m + p - 1 + p.saturating_sub(m),
+                        Kind::ZeroBubbleV => 6 * m + p - 1,
                         _ => 3 * (v * m + p - 1),
                     };
                     assert_eq!(r.makespan, makespan as u64, "{kind} {shape:?}");
@@ -370,11 +376,13 @@ mod tests {
                     let bound = match kind {
                         Kind::GPipe => m,
                         Kind::Interleaved if v > 1 => (2 * (p - 1) + (v - 1) * p + 1).min(m * v),
+                        // Two half-stage chunks a micro-batch: 1F1B's p stages' worth.
+                        Kind::ZeroBubbleV => 2 * p,
                         _ => p.min(m),
                     };
                     assert_eq!((r.activation_bound, r.max_activations), (bound, bound), "{kind} {shape:?}");
-                    // Every ZB-H1 rank holds 1F1B's peak.
-                    if kind == Kind::ZeroBubble {
+                    // Every ZB-H1 and ZB-V rank holds 1F1B's peak.
+                    if kind.splits_backward() {
                         assert_eq!(r.rank_activations, vec![bound; p], "{kind} {shape:?}");
                     }
                     assert_eq!(r.simulated_bubble, r.closed_form_bubble, "{kind} {shape:?}");
@@ -384,9 +392,13 @@ mod tests {
         });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
         // GPipe, 1F1B, ZB-H1 and interleaved with v = 1 on every shape; interleaved with
-        // v = 2..4 needs p ≥ 2 and m a multiple of p.
+        // v = 2..4 needs p ≥ 2 and m a multiple of p; ZB-V (v = 2) p ≥ 2 and m ≥ 2·p − 1.
         let applicable: usize = (2..=16).map(|p| 64 / p).sum::<usize>() * 3;
-        assert_eq!((checked, skipped), (4 * 16 * 64 + applicable, 3 * 16 * 64 - applicable));
+        let zb_v: usize = (2..=16).map(|p| 64 + 1 - (2 * p - 1)).sum();
+        assert_eq!(
+            (checked, skipped),
+            (4 * 16 * 64 + applicable + zb_v, 3 * 16 * 64 - applicable + 16 * 64 - zb_v)
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! group with one tag for activations and one for gradients: the receiver learns the shape
 //! from the sender, whatever the blocks at the boundary are.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -87,17 +87,18 @@ impl Pipeline {
         stages: &[Range<usize>],
         recompute: bool,
     ) -> Result<Pipeline> {
-        let (p, rank) = (mesh.size(Axis::Pp), mesh.coord(Axis::Pp));
+        let rank = mesh.coord(Axis::Pp);
         let global = model.global_blocks();
         let local = |b: usize| global.iter().position(|&g| g == b);
         let mut chunks = Vec::new();
-        for range in super::stages::chunks_of(stages, p, rank) {
+        for range in schedule.chunks_of(stages, rank) {
             let (Some(start), Some(last)) = (local(range.start), local(range.end - 1)) else {
                 return Err(Error::internal(format!("stage blocks {range:?} are not in this rank's model")));
             };
             chunks.push(start..last + 1);
         }
-        let rank_of = |block: usize| stages.iter().position(|r| r.contains(&block)).map(|g| g % p);
+        let rank_of =
+            |block: usize| stages.iter().position(|r| r.contains(&block)).map(|g| schedule.locate(g).0);
         let layout = model.params().layout();
         let mut ties = Vec::new();
         for (block, name) in layout.shared() {
@@ -125,7 +126,7 @@ impl Pipeline {
 
     /// The global stage of this rank's chunk `chunk`.
     fn global(&self, chunk: usize) -> usize {
-        self.schedule.shape.global_stage(self.rank, chunk)
+        self.schedule.global_stage(self.rank, chunk)
     }
 
     fn is_last(&self, chunk: usize) -> bool {
@@ -158,7 +159,8 @@ impl Pipeline {
         let micro = |mb: usize| share.rows(mb * rows..(mb + 1) * rows).tensors();
         let started = Instant::now();
         let mut stat = PipeStat { busy: 0.0, start: started, end: started, timeline: Vec::new() };
-        let mut wire = Wire { comm: &self.comm, sends: Vec::new(), headers: Vec::new() };
+        let mut wire =
+            Wire { comm: &self.comm, sends: Vec::new(), headers: Vec::new(), own: Default::default() };
         let mut received: HashMap<(usize, usize), Tensor> = HashMap::new();
         let mut gradients: HashMap<(usize, usize), Tensor> = HashMap::new();
         // What a forward or backward produced for a later send, by (tag, micro-batch, chunk).
@@ -184,7 +186,7 @@ impl Pipeline {
                         _ => TAG_GRADIENT,
                     };
                     let t = outbox.remove(&(tag, mb, chunk)).ok_or_else(|| missing(action))?;
-                    wire.send(&t, peer, tag)?;
+                    wire.send(t, peer, tag)?;
                 }
                 Action::Forward { mb, chunk } => {
                     let t0 = Instant::now();
@@ -304,15 +306,27 @@ fn missing(action: Action) -> Error {
     Error::internal(format!("pipeline action {action:?} has nothing to work on"))
 }
 
-/// The sends of one step still in flight (a schedule never sends to its own rank).
+/// The sends of one step still in flight, and the messages a rank sent to itself (where two
+/// consecutive global stages are its own: ZB-V's turn), activations then gradients, in the
+/// order sent: the checker proves they are received in that order.
 struct Wire<'a> {
     comm: &'a Communicator,
     sends: Vec<Work<Vec<f32>>>,
     headers: Vec<Work<Vec<u64>>>,
+    own: [VecDeque<Tensor>; 2],
 }
 
 impl Wire<'_> {
-    fn send(&mut self, t: &Tensor, peer: usize, tag: u32) -> Result<()> {
+    /// This rank's queue of messages to itself with `tag`.
+    fn own(&mut self, tag: u32) -> &mut VecDeque<Tensor> {
+        &mut self.own[usize::from(tag == TAG_GRADIENT)]
+    }
+
+    fn send(&mut self, t: Tensor, peer: usize, tag: u32) -> Result<()> {
+        if peer == self.comm.rank() {
+            self.own(tag).push_back(t);
+            return Ok(());
+        }
         let dims = t.dims();
         if dims.len() >= HEADER {
             return Err(Error::internal(format!("a pipeline message of {} dimensions", dims.len())));
@@ -329,6 +343,9 @@ impl Wire<'_> {
     }
 
     fn recv(&mut self, peer: usize, tag: u32, trace: &mut Trace, what: &str) -> Result<Tensor> {
+        if peer == self.comm.rank() {
+            return self.own(tag).pop_front().ok_or_else(|| Error::internal(format!("{what}: not sent yet")));
+        }
         let t0 = Instant::now();
         let mut header = [0u64; HEADER];
         self.comm.recv(&mut header, peer, tag)?;

@@ -4,8 +4,10 @@
 //! - [`schedule`]: a schedule is plain data, per pipeline rank the ordered list of its
 //!   actions (forward or backward of micro-batch `j` on chunk `c`, the backward whole or split
 //!   into its input and weight gradients, sends and receives of activations and gradients,
-//!   the optimiser step): GPipe, 1F1B, interleaved 1F1B and ZB-H1.
-//! - `zero_bubble` (private): ZB-H1's passes per rank and its closed-form bubble.
+//!   the optimiser step): GPipe, 1F1B, interleaved 1F1B, ZB-H1 and ZB-V.
+//! - [`placement`]: which rank holds which global stage (looped, or ZB-V's V).
+//! - `zero_bubble`, `zero_bubble_v` (private): ZB-H1's and ZB-V's passes per rank and their
+//!   closed-form bubbles.
 //! - [`check`]: proves a schedule free of deadlock, its sends and receives matched, every
 //!   backward after its forward, the activations held within the schedule's bound, and its
 //!   bubble equal to the closed form (`xccl verify` runs it over every shape).
@@ -19,10 +21,12 @@
 
 pub mod check;
 pub mod execute;
+pub mod placement;
 pub mod schedule;
 pub mod stages;
 pub mod violation;
 mod zero_bubble;
+mod zero_bubble_v;
 
 use std::time::Instant;
 
@@ -69,8 +73,7 @@ pub fn build(
         Balance::Time => block_times(mesh.world(), run, task)?,
     };
     let cut = stages::cut(run.model, p, &costs)?;
-    let keep: Vec<usize> =
-        stages::chunks_of(&cut, p.stages, mesh.coord(Axis::Pp)).into_iter().flatten().collect();
+    let keep: Vec<usize> = schedule.chunks_of(&cut, mesh.coord(Axis::Pp)).into_iter().flatten().collect();
     let model = Model::part(run.model, run.seed, tp, Some(&keep))?;
     let pipeline = Pipeline::new(mesh, schedule, &model, &cut, p.recompute)?;
     Ok((model, pipeline))

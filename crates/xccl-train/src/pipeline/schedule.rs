@@ -4,9 +4,10 @@
 //!
 //! The model's blocks are cut into `p` ranks (pipeline stages) × `v` chunks per rank
 //! (virtual stages, Megatron-LM's interleaving): rank `r`'s local chunk `c` is global stage
-//! `c·p + r`, so global stage `g` lives on rank `g mod p`, chunk `g / p`
-//! ([`Shape::global_stage`], [`Shape::locate`]). Global stage 0 takes the data, the last one
-//! (rank `p − 1`, chunk `v − 1`) computes the loss in its forward. The mini-batch is cut into
+//! `c·p + r`, so global stage `g` lives on rank `g mod p`, chunk `g / p`; ZB-V places its
+//! two chunks per rank in a V instead, rank `r` holding stages `r` and `2·p − 1 − r`
+//! ([`Placement`], [`Schedule::global_stage`], [`Schedule::locate`]). Global stage 0 takes
+//! the data, the last one computes the loss in its forward. The mini-batch is cut into
 //! `m` micro-batches; activations flow from global stage `g` to `g + 1`, gradients back.
 //!
 //! Every schedule is a 1F1B pattern over a rank's *virtual micro-batches*: forward number
@@ -41,14 +42,21 @@
 //!   `p − r` (the deferral is what shortens the critical path; holding only those, the
 //!   bubble is `2·(p − 1)` forward times, two thirds of 1F1B's).
 //!
+//! - [`Kind::ZeroBubbleV`] (ZB-V, the same paper's section 6), two chunks per rank in a V,
+//!   backwards split as in ZB-H1: a warm-up of chunk-0 forwards, then `F Bi W` of each chunk
+//!   in turn (`zero_bubble_v.rs`); `(p − 1)` units of bubble in a step of `6·m + p − 1`,
+//!   a sixth of 1F1B's bubble time, holding 1F1B's peak activations; it needs `m ≥ 2·p − 1`.
+//!
 //! Communication is inserted around the computation: a [`Action::RecvActivation`] right
 //! before every forward not on global stage 0 and a [`Action::SendActivation`] right after
-//! every forward not on the last global stage; a [`Action::RecvGradient`] right before every
-//! backward (or input-gradient backward) not on the last global stage and a
+//! every forward not on the last global stage; a [`Action::RecvGradient`] right before
+//! every backward (or input-gradient backward) not on the last global stage and a
 //! [`Action::SendGradient`] right after it, when not on global stage 0; a weight-gradient
-//! backward neither sends nor receives. Sends are asynchronous, receives block; with receives
-//! right before their compute no schedule here deadlocks ([`check`](super::check) proves it
-//! for every shape it is run on), so nothing is reordered.
+//! backward neither sends nor receives. Where two consecutive global stages are on one rank
+//! (ZB-V's turn at rank `p − 1`) the message goes from the rank to itself. Sends are
+//! asynchronous, receives block; with receives right before their compute no schedule here
+//! deadlocks ([`check`](super::check) proves it for every shape it is run on), so nothing
+//! is reordered.
 //!
 //! Two things differ from Megatron-LM, and the checker proves the result for each shape:
 //! with one chunk per rank the interleaved schedule *is* 1F1B (Megatron-LM then runs its
@@ -75,7 +83,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::zero_bubble;
+use super::placement::Placement;
+use super::{zero_bubble, zero_bubble_v};
 use crate::error::{Error, Result};
 
 /// Which schedule.
@@ -91,20 +100,44 @@ pub enum Kind {
     /// and its weight gradient, the weight gradients deferred into the bubble; a third of
     /// 1F1B's bubble time at 1F1B's peak activation memory.
     ZeroBubble,
+    /// ZB-V (Qi et al., section 6): two chunks per rank placed in a V, backwards split as in
+    /// ZB-H1; a sixth of 1F1B's bubble time at 1F1B's peak activation memory.
+    ZeroBubbleV,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 4] = [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved, Kind::ZeroBubble];
+    pub const ALL: [Kind; 5] =
+        [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved, Kind::ZeroBubble, Kind::ZeroBubbleV];
 
-    /// The name on the command line: `gpipe`, `1f1b`, `interleaved` or `zb-h1`.
+    /// The name on the command line: `gpipe`, `1f1b`, `interleaved`, `zb-h1` or `zb-v`.
     pub fn name(self) -> &'static str {
         match self {
             Kind::GPipe => "gpipe",
             Kind::OneFOneB => "1f1b",
             Kind::Interleaved => "interleaved",
             Kind::ZeroBubble => "zb-h1",
+            Kind::ZeroBubbleV => "zb-v",
         }
+    }
+
+    /// How its global stages are placed on the ranks: in a V for ZB-V, looped otherwise.
+    pub fn placement(self) -> Placement {
+        match self {
+            Kind::ZeroBubbleV => Placement::V,
+            _ => Placement::Looped,
+        }
+    }
+
+    /// Whether its backwards are split into input and weight gradients (the zero-bubble
+    /// schedules).
+    pub fn splits_backward(self) -> bool {
+        matches!(self, Kind::ZeroBubble | Kind::ZeroBubbleV)
+    }
+
+    /// The model chunks per rank it needs, if it needs a given number (ZB-V: 2).
+    pub fn chunks(self) -> Option<usize> {
+        (self == Kind::ZeroBubbleV).then_some(2)
     }
 }
 
@@ -143,16 +176,6 @@ impl Shape {
         self.stages * self.virtual_stages
     }
 
-    /// The global stage of `rank`'s local `chunk`: `chunk·p + rank`.
-    pub fn global_stage(&self, rank: usize, chunk: usize) -> usize {
-        chunk * self.stages + rank
-    }
-
-    /// The rank and local chunk holding global stage `stage`.
-    pub fn locate(&self, stage: usize) -> (usize, usize) {
-        (stage % self.stages, stage / self.stages)
-    }
-
     /// Whether [`Schedule::new`] can build `kind` for this shape; the error says what to
     /// change.
     pub fn validate(&self, kind: Kind) -> Result<()> {
@@ -171,13 +194,21 @@ impl Shape {
         }
         if v > 1 && kind == Kind::ZeroBubble {
             return Err(Error::config(format!(
-                "--virtual-stages {v}: the zb-h1 schedule runs one model chunk per stage (the \
-                 paper's interleaved zero-bubble schedules, ZB-V among them, are not built); use \
-                 --virtual-stages 1 with --schedule zb-h1, or --schedule interleaved for {v} \
-                 chunks per stage"
+                "--virtual-stages {v}: the zb-h1 schedule runs one model chunk per stage; use \
+                 --virtual-stages 1 with --schedule zb-h1, --schedule zb-v with \
+                 --virtual-stages 2 (its zero-bubble schedule on two chunks per stage), or \
+                 --schedule interleaved for {v} chunks per stage"
             )));
         }
-        if v > 1 && kind != Kind::Interleaved {
+        if let Some(need) = kind.chunks()
+            && v != need
+        {
+            return Err(Error::config(format!(
+                "--virtual-stages {v}: the {kind} schedule runs {need} model chunks per stage (in a \
+                 V: down the stages and back up); use --virtual-stages {need} with --schedule {kind}"
+            )));
+        }
+        if v > 1 && kind != Kind::Interleaved && kind.chunks().is_none() {
             return Err(Error::config(format!(
                 "--virtual-stages {v} needs --schedule interleaved (the {kind} schedule runs one \
                  model chunk per stage); use --schedule interleaved or --virtual-stages 1"
@@ -189,7 +220,15 @@ impl Shape {
                  bubble for interleaving to shrink; use --virtual-stages 1"
             )));
         }
-        if v > 1 && m % p != 0 {
+        if kind == Kind::ZeroBubbleV && m < 2 * p - 1 {
+            return Err(Error::config(format!(
+                "--micro-batches {m}: the zb-v schedule needs at least 2·pp − 1 = {need} \
+                 micro-batches (its first stage runs that many forwards before the first backward \
+                 comes back); use --micro-batches {need} or more, or --schedule zb-h1",
+                need = 2 * p - 1
+            )));
+        }
+        if v > 1 && kind == Kind::Interleaved && m % p != 0 {
             return Err(Error::config(format!(
                 "the interleaved schedule runs micro-batches in groups of one per stage (as \
                  Megatron-LM requires): --micro-batches {m} must be a multiple of --pp {p}, e.g. {}",
@@ -315,16 +354,35 @@ pub struct Schedule {
 
 impl Schedule {
     /// Builds `kind` for `shape`. Fails ([`Error::Config`], saying what to change) when a
-    /// size is 0; when `v > 1` with a schedule other than [`Kind::Interleaved`] (ZB-H1
-    /// included: it runs one chunk per rank); for the
+    /// size is 0; when `v > 1` with a schedule other than [`Kind::Interleaved`] and
+    /// [`Kind::ZeroBubbleV`] (ZB-H1 included: it runs one chunk per rank); for ZB-V, when
+    /// `v ≠ 2` or `m < 2·p − 1`; for the
     /// interleaved schedule with `v > 1`, when `p = 1` (nothing to interleave) or `m` is
     /// not a multiple of `p` (micro-batches go through the chunks in groups of `p`, as in
     /// Megatron-LM); and when the sizes overflow.
     pub fn new(kind: Kind, shape: Shape) -> Result<Schedule> {
         shape.validate(kind)?;
-        let ranks =
-            (0..shape.stages).map(|rank| communicate(shape, rank, &compute(kind, shape, rank))).collect();
+        let placement = kind.placement();
+        let ranks = (0..shape.stages)
+            .map(|rank| communicate(shape, placement, rank, &compute(kind, shape, rank)))
+            .collect();
         Ok(Schedule { kind, shape, ranks })
+    }
+
+    /// The global stage of `rank`'s local `chunk` (as [`Kind::placement`] places them).
+    pub fn global_stage(&self, rank: usize, chunk: usize) -> usize {
+        self.kind.placement().global_stage(self.shape.stages, rank, chunk)
+    }
+
+    /// The rank and local chunk holding global stage `stage`.
+    pub fn locate(&self, stage: usize) -> (usize, usize) {
+        self.kind.placement().locate(self.shape.stages, stage)
+    }
+
+    /// The block ranges (in the whole model) of `rank`'s chunks, in chunk order, from the
+    /// ranges of every global stage (in pipeline order).
+    pub fn chunks_of(&self, stages: &[std::ops::Range<usize>], rank: usize) -> Vec<std::ops::Range<usize>> {
+        self.kind.placement().chunks_of(stages, self.shape.stages, rank)
     }
 
     /// The bubble fraction in closed form, `(p − 1) / (v·m + p − 1)` (so `(p − 1) / (m + p −
@@ -352,6 +410,7 @@ impl Schedule {
         let Shape { stages: p, micro_batches: m, virtual_stages: v } = self.shape;
         match self.kind {
             Kind::ZeroBubble => zero_bubble::bubble_ratio(p, m),
+            Kind::ZeroBubbleV => zero_bubble_v::bubble_ratio(p, m),
             _ => (p.saturating_sub(1), (m.saturating_mul(v)).saturating_add(p.saturating_sub(1))),
         }
     }
@@ -373,6 +432,7 @@ impl Schedule {
                 warm_up.saturating_add(1).min(m.saturating_mul(v))
             }
             Kind::OneFOneB | Kind::Interleaved | Kind::ZeroBubble => p.min(m),
+            Kind::ZeroBubbleV => 2 * p,
         }
     }
 }
@@ -397,6 +457,7 @@ fn compute(kind: Kind, shape: Shape, rank: usize) -> Vec<Pass> {
         Kind::Interleaved if v > 1 => 2 * later + (v - 1) * p,
         Kind::OneFOneB | Kind::Interleaved => later,
         Kind::ZeroBubble => return zero_bubble::passes(shape, rank),
+        Kind::ZeroBubbleV => return zero_bubble_v::passes(shape, rank),
     }
     .min(total);
     // Virtual micro-batch `k`: micro-batch and chunk-in-order (forward order of chunks).
@@ -424,32 +485,35 @@ fn compute(kind: Kind, shape: Shape, rank: usize) -> Vec<Pass> {
 
 /// Rank `rank`'s computation with its receives before and sends after, then the optimiser
 /// step.
-fn communicate(shape: Shape, rank: usize, compute: &[Pass]) -> Vec<Action> {
+fn communicate(shape: Shape, placement: Placement, rank: usize, compute: &[Pass]) -> Vec<Action> {
     let last = shape.global_stages() - 1;
+    let p = shape.stages;
+    let stage = |chunk| placement.global_stage(p, rank, chunk);
+    let holder = |g| placement.locate(p, g).0;
     let mut out = Vec::with_capacity(3 * compute.len() + 1);
     for &pass in compute {
         match pass {
             Pass::Forward(mb, chunk) => {
-                let g = shape.global_stage(rank, chunk);
+                let g = stage(chunk);
                 if g > 0 {
-                    out.push(Action::RecvActivation { mb, chunk, peer: shape.locate(g - 1).0 });
+                    out.push(Action::RecvActivation { mb, chunk, peer: holder(g - 1) });
                 }
                 out.push(Action::Forward { mb, chunk });
                 if g < last {
-                    out.push(Action::SendActivation { mb, chunk, peer: shape.locate(g + 1).0 });
+                    out.push(Action::SendActivation { mb, chunk, peer: holder(g + 1) });
                 }
             }
             Pass::Backward(mb, chunk) | Pass::BackwardInput(mb, chunk) => {
-                let g = shape.global_stage(rank, chunk);
+                let g = stage(chunk);
                 if g < last {
-                    out.push(Action::RecvGradient { mb, chunk, peer: shape.locate(g + 1).0 });
+                    out.push(Action::RecvGradient { mb, chunk, peer: holder(g + 1) });
                 }
                 out.push(match pass {
                     Pass::Backward(..) => Action::Backward { mb, chunk },
                     _ => Action::BackwardInput { mb, chunk },
                 });
                 if g > 0 {
-                    out.push(Action::SendGradient { mb, chunk, peer: shape.locate(g - 1).0 });
+                    out.push(Action::SendGradient { mb, chunk, peer: holder(g - 1) });
                 }
             }
             Pass::BackwardWeight(mb, chunk) => out.push(Action::BackwardWeight { mb, chunk }),

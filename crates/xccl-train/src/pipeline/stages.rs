@@ -2,8 +2,9 @@
 //!
 //! A model is a sequence of blocks (`embed`, the layers, `head`); a stage holds a
 //! contiguous range of them. With `v` virtual stages per rank the model is cut into
-//! `p · v` chunks and rank `r` holds chunks `r, r + p, r + 2p, …` (Megatron's interleaving),
-//! so global stage `g` is chunk `g / p` of rank `g % p`.
+//! `p · v` chunks, global stages in pipeline order, which the schedule's
+//! [`Placement`](super::placement::Placement) puts on the ranks: rank `r` holds chunks `r, r
+//! + p, r + 2p, …` (Megatron's interleaving), or stages `r` and `2p − 1 − r` (ZB-V's V).
 //!
 //! Without interleaving the cut balances a cost per block: parameter counts by default,
 //! measured forward + backward time on request, or an explicit number of blocks per stage.
@@ -170,12 +171,6 @@ pub fn balanced(costs: &[f64], parts: usize) -> Vec<Range<usize>> {
     cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// The block ranges (in the whole model) of pipeline rank `rank`'s chunks, in chunk order,
-/// from the ranges of every global stage.
-pub fn chunks_of(stages: &[Range<usize>], p: usize, rank: usize) -> Vec<Range<usize>> {
-    stages.iter().skip(rank).step_by(p.max(1)).cloned().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,8 +210,9 @@ mod tests {
     fn interleaved_chunks_share_the_layers_evenly() {
         let stages = cut(&gpt(4), &pp(2, 2, Balance::Params), &[]).unwrap();
         assert_eq!(stages, vec![0..2, 2..3, 3..4, 4..6]);
-        assert_eq!(chunks_of(&stages, 2, 0), vec![0..2, 3..4]);
-        assert_eq!(chunks_of(&stages, 2, 1), vec![2..3, 4..6]);
+        let looped = crate::pipeline::placement::Placement::Looped;
+        assert_eq!(looped.chunks_of(&stages, 2, 0), vec![0..2, 3..4]);
+        assert_eq!(looped.chunks_of(&stages, 2, 1), vec![2..3, 4..6]);
         let list = cut(&gpt(2), &pp(2, 1, Balance::Blocks(vec![1, 3])), &[]).unwrap();
         assert_eq!(list, vec![0..1, 1..4]);
     }
