@@ -64,6 +64,65 @@ def pipeline(fw, r):
     return p.get("bubble_measured"), p.get("bubble_schedule")
 
 
+def replayed_idle(r, sched, p, pooled=False):
+    """The bubble, in ms per rank, that xccl run `r`'s own pass times leave its schedule with
+    free communication: the last step's passes (pipeline.timeline) replayed in each rank's
+    order, every pass taking the median time of its kind (F, B, Bi, W) on its rank and chunk
+    (so a stage that computes more, the loss's, stays slower; `pooled`: of its kind over all
+    ranks and chunks, stages as balanced as the kinds' medians), each waiting for what it needs
+    from the neighbouring global stage (placement: looped, or ZB-V's V); the makespan minus
+    the ranks' mean busy time. None without a timeline."""
+    pipe = r.get("pipeline") if isinstance(r.get("pipeline"), dict) else {}
+    lanes = pipe.get("timeline") or []
+    if len(lanes) != p:
+        return None
+    cost, ops = {}, []
+    for lane in lanes:
+        mine = []
+        for name, _, dur in lane:
+            m = re.match(r"^(F|B|Bi|W)\((\d+),(\d+)\)$", name)
+            if not m:
+                return None
+            cost.setdefault((m[1],) if pooled else (m[1], len(ops), int(m[3])), []).append(dur)
+            mine.append((m[1], int(m[2]), int(m[3])))
+        ops.append(mine)
+    cost = {k: statistics.median(v) for k, v in cost.items()}
+    chunks = 1 + max(c for lane in ops for (_, _, c) in lane)
+    last = p * chunks - 1
+
+    def stage(rank, c):
+        return (2 * p - 1 - rank) if sched == "zb-v" and c == 1 else c * p + rank
+
+    done, clock, nxt = {}, [0.0] * p, [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for rank in range(p):
+            while nxt[rank] < len(ops[rank]):
+                kind, mb, c = ops[rank][nxt[rank]]
+                g = stage(rank, c)
+                if kind == "F":
+                    need = [("F", mb, g - 1)] if g > 0 else []
+                elif kind == "W":
+                    need = [("Bi", mb, g)]
+                elif g < last:
+                    need = [k for k in (("B", mb, g + 1), ("Bi", mb, g + 1)) if k in done] or [("?", mb, g)]
+                else:
+                    need = [("F", mb, g)]
+                if any(k not in done for k in need):
+                    break
+                t = max([clock[rank]] + [done[k] for k in need]) + cost[(kind,) if pooled else (kind, rank, c)]
+                done[(kind, mb, g)] = clock[rank] = t
+                nxt[rank] += 1
+                moved = True
+    if any(nxt[rank] < len(ops[rank]) for rank in range(p)):
+        return None
+    busy = statistics.mean(
+        sum(cost[(k,) if pooled else (k, rank, c)] for (k, _, c) in lane) for rank, lane in enumerate(ops)
+    )
+    return max(clock) - busy
+
+
 def losses(fw, r):
     if fw == "torch":
         return r.get("loss_first"), r.get("loss_last")
@@ -160,7 +219,14 @@ def main(out):
     def odds(b):
         return b / (1 - b) if num(b) and b < 1 else None
 
-    for zsched, title, target in (("zb-h1", "ZB-H1", "1/3"), ("zb-v", "ZB-V", "1/6")):
+    def replayed(k, base_runs, pooled=False):
+        """ZB's replayed bubble over 1F1B's, each from its own run's pass times (medians)."""
+        (_, sched, p, _, _, _) = k
+        zi = med([replayed_idle(r, sched, p, pooled) for r in get("xccl", k)])
+        oi = med([replayed_idle(r, "1f1b", p, pooled) for r in base_runs])
+        return zi / oi if num(zi) and num(oi) and oi > 0 else None
+
+    for zsched, title, target in (("zb-h1", "ZB-H1", "1/3"), ("zb-v", "ZB-V", "1/3; its closed form 1/6")):
         zb = [k for k in keys("bubble", "xccl") if k[1] == zsched]
         if not zb:
             continue
@@ -168,11 +234,15 @@ def main(out):
         print(f"{title}'s bubble time (measured bubble x step) over 1F1B's at the same P and M (target <= {target}), per")
         print("repetition and their median; the closed forms (pipeline.bubble_schedule, medians) and the bubble-time")
         print("ratio they give for the same work, (b / (1 - b)) / (b_1F1B / (1 - b_1F1B))"
-              + ("; and the ratio its pass times give, (F + Bi - W) / (F + Bi + W):" if zsched == "zb-h1" else ":"))
+              + ("; the ratio its pass times give, (F + Bi - W) / (F + Bi + W)," if zsched == "zb-h1" else ";")
+              + " and the ratio of the bubbles each schedule's own pass times leave it with free communication"
+              + " (each run's last step replayed, every pass at the median time of its kind on its rank and chunk;"
+              + " pooled: of its kind over the ranks, as if the stages were balanced):")
         print()
         print(f"| config | P | M | {title} bubble (ms) per repetition | 1F1B's (ms) | ratio per repetition | median ratio "
-              f"| {title} closed form | 1F1B closed form | closed-form ratio |" + (" from the pass times |" if zsched == "zb-h1" else ""))
-        print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if zsched == "zb-h1" else ""))
+              f"| {title} closed form | 1F1B closed form | closed-form ratio |" + (" from the pass times |" if zsched == "zb-h1" else "")
+              + " replayed | replayed, pooled |")
+        print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if zsched == "zb-h1" else "") + "---|---|")
         for k in sorted(zb, key=lambda k: (k[5], k[2], k[4])):
             (_, sched, p, v, m, cfg) = k
             base_runs = [r for kk in keys("bubble", "xccl") if kk[1:3] == ("1f1b", p) and kk[4:] == (m, cfg)
@@ -190,6 +260,7 @@ def main(out):
                    f"| {fmt(med(ratios), '.2f')} | {fmt(cz, '.3f')} | {fmt(c1, '.3f')} | {cratio} |")
             if zsched == "zb-h1":
                 row += f" {fmt(med([passes(r) for r in get('xccl', k)]), '.2f')} |"
+            row += f" {fmt(replayed(k, base_runs), '.2f')} | {fmt(replayed(k, base_runs, True), '.2f')} |"
             print(row)
 
     print()

@@ -2,15 +2,16 @@
 //! Parallelism" (ICLR 2024, section 6), for [`Kind::ZeroBubbleV`](super::schedule::Kind): its
 //! passes per rank and its closed-form bubble.
 //!
-//! The model is cut into `2·p` stages placed in a V ([`Placement::V`](super::placement)):
-//! rank `r` holds stage `r` (its chunk 0, on the way down) and stage `2·p − 1 − r` (its chunk
-//! 1, on the way back up), so rank 0 computes the loss. Every backward is split into `Bi`
-//! and `W` as in ZB-H1. Rank `r` of `p`, `m ≥ 2·p − 1` micro-batches, `F0`/`F1` a forward of
-//! chunk 0/1 (the next micro-batch of that chunk), the same for `Bi` and `W`:
+//! The model is cut into `2·p` stages placed in a V
+//! ([`Placement::V`](super::placement::Placement::V)): rank `r` holds stage `r` (its chunk
+//! 0, on the way down) and stage `2·p − 1 − r` (its chunk 1, on the way back up), so rank 0
+//! computes the loss. Every backward is split into `Bi` and `W` as in ZB-H1. Rank `r` of
+//! `p`, `m ≥ 2·p − 1` micro-batches, `F0`/`F1` a forward of chunk 0/1 (the next micro-batch
+//! of that chunk), the same for `Bi` and `W`:
 //!
 //! 1. warm-up: `2·(p − r) − 1` × `F0`; then `r` × (`F1`, `F0`); then `p − r` × (`F1`, `Bi1`,
-//!    `W1`): rank `p − 1` turns its first forward around at once, rank 0 fills the time the
-//!    first micro-batch takes down and up with forwards of the next ones;
+//!    `W1`): rank `p − 1` turns each micro-batch around at once, rank 0 fills the time the
+//!    first micro-batch takes down and back up with forwards of the next ones;
 //! 2. steady state, while a chunk-0 forward is left or chunk 1 trails chunk 0: `F0` (if one is
 //!    left), `Bi0`, `W0`, `F1`, `Bi1`, `W1`;
 //! 3. cool-down: `r` × (`Bi0`, `Bi1`); `p − r` × (`Bi0`, `W0`); the `W1`s left, then the `W0`s
