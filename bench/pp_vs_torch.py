@@ -22,8 +22,9 @@ With `--schedule interleaved --virtual-stages V` there are pp x V stages, stage 
 s % pp (ScheduleInterleaved1F1B), and --split lists pp x V counts. With `--schedule zb-v`
 (ScheduleZBVZeroBubble; --virtual-stages is 2, the default for it) there are 2 pp stages in a
 V: rank r holds stages r and 2 pp - 1 - r (rank 0 the first and the last); without --split
-they are cut as xccl cuts chunks (layers / (2 pp) layers each, embed with the first, head with
-the last; --layers must be a multiple of 2 pp), and M must be >= 2 pp - 1 (xccl's bound).
+they are cut into equal layers per chunk (layers / (2 pp) layers each, embed with the first,
+head with the last; --layers must be a multiple of 2 pp; pp_vs_torch.sh gives xccl the same
+cut by --pp-balance), and M must be >= 2 pp - 1 (xccl's bound).
 
 Schedules: `gpipe` = ScheduleGPipe, `1f1b` = Schedule1F1B, `interleaved` =
 ScheduleInterleaved1F1B, `zb-h1` = ScheduleInterleavedZeroBubble with one stage per rank
@@ -469,7 +470,7 @@ def main():
             p.error(f"--split needs {n_stages} positive counts summing to {n_blocks} blocks (embed, {args.layers} layers, head)")
     elif args.schedule == "zb-v":
         if args.layers % n_stages:
-            p.error(f"--schedule zb-v cuts {n_stages} chunks of equal layers (as xccl): --layers must be a multiple of {n_stages}")
+            p.error(f"--schedule zb-v cuts {n_stages} chunks of equal layers without --split: --layers must be a multiple of {n_stages}")
         counts = equal_layers(args.layers, n_stages)
     else:
         counts = balance(block_params(build_model(args)), n_stages)

@@ -20,8 +20,9 @@
 #     SCHEDULES (default "gpipe 1f1b zb-h1 zb-v") picks the schedules (zb-h1: PyTorch's
 #     ScheduleInterleavedZeroBubble with one stage per rank; zb-v: PyTorch's
 #     ScheduleZBVZeroBubble against `xccl train --schedule zb-v --virtual-stages 2`, 2P = 4
-#     chunks in a V, rank r holding stages r and 2P-1-r, cut as xccl cuts them: LAYERS / 4
-#     layers each, embed with the first, head with the last; skipped with a note unless
+#     chunks in a V, rank r holding stages r and 2P-1-r, both cut alike (xccl given the
+#     list by --pp-balance): LAYERS / 4 layers each, embed with the first, head with the
+#     last; skipped with a note unless
 #     M >= 2P - 1 and LAYERS is a multiple of 4); adding "interleaved" also compares
 #     interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
 #  2. bubble (BUBBLE=1), xccl only (traced; --trace is passed if the CLI has it): P in BUBBLE_PS ("2 4"), M in BUBBLE_MS
@@ -118,8 +119,8 @@ mkdir -p "$OUT"
 
 vtag() { if [ "$1" -gt 1 ]; then echo "_v$1"; fi; }
 
-# ZB-V (2 chunks per rank in a V) needs M >= 2P - 1 and LAYERS a multiple of 2P (equal layers
-# per chunk, as xccl cuts them): prints why not and fails otherwise.
+# ZB-V (2 chunks per rank in a V) needs M >= 2P - 1, and here LAYERS a multiple of 2P (the
+# comparison cuts equal layers per chunk on both sides): prints why not and fails otherwise.
 zbv_fits() {  # p m what
   if [ "$2" -lt $(( 2 * $1 - 1 )) ]; then
     echo "note: skip $3 zb-v P=$1 M=$2: ZB-V needs M >= 2P - 1 = $(( 2 * $1 - 1 ))" >&2; return 1
@@ -163,11 +164,17 @@ for rep in $(seq 1 "$REPS"); do
     for s in $SCHEDULES; do
       if [ "$s" = interleaved ]; then v="$CMP_V"; split=""; else v=1; split="$SPLIT"; fi
       if [ "$s" = zb-v ]; then
-        v=2; split=""  # both sides cut 4 chunks of equal layers (xccl refuses --pp-balance with V > 1)
+        v=2; split=""
         zbv_fits 2 "$M" comparison || continue
+        # Both sides cut 4 chunks of equal layers (embed with the first, head with the last):
+        # pp_vs_torch.py does without --split, xccl gets the list.
+        q=$(( layers / 4 ))
+        xsplit="$(( q + 1 )),$q,$q,$(( q + 1 ))"
+      else
+        xsplit="$split"
       fi
       if [ "$TORCH" = 1 ]; then torch_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$WARMUP" "$split" "$rep"; fi
-      if [ "$XCCL_ON" = 1 ]; then xccl_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$split" "$rep"; fi
+      if [ "$XCCL_ON" = 1 ]; then xccl_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$xsplit" "$rep"; fi
     done
   fi
   if [ "$BUBBLE" = 1 ] && [ "$XCCL_ON" = 1 ]; then

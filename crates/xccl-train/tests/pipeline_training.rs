@@ -88,20 +88,24 @@ fn interleaved_schedules_and_an_untied_head_match() {
 
 #[test]
 fn zero_bubble_v_matches_single_process_training() {
-    // Two chunks per stage in a V: 4 layers on 2 stages, 8 on 4, one layer per chunk. Tied:
-    // the embedding (first stage) and the head (last stage) are both rank 0's, and rank
-    // p − 1 hands its first chunk's output to its second itself.
-    for (layers, stages, tied, m, recompute, dp) in [
-        (4, 2, true, 3, false, 1),
-        (4, 2, false, 8, true, 1),
-        (4, 2, true, 4, false, 2),
-        (8, 4, true, 7, false, 1),
+    // Two chunks per stage in a V. Tied: the embedding (first stage) and the head (last
+    // stage) are both rank 0's, and rank p − 1 hands its first chunk's output to its second
+    // itself.
+    // Cut by parameter counts over the V (any number of layers), or by an explicit list.
+    for (layers, stages, tied, m, recompute, dp, balance) in [
+        (4, 2, true, 3, false, 1, Balance::Params),
+        (3, 2, false, 8, true, 1, Balance::Params),
+        (4, 2, true, 4, false, 2, Balance::Blocks(vec![1, 2, 2, 1])),
+        (6, 4, true, 7, false, 1, Balance::Params),
     ] {
         let mut base = tiny(OptimConfig::adamw(1e-3), ddp(), 4 * m * dp, 1, STEPS);
         base.model.layers = layers;
         base.model.tied = tied;
         let expect = reference(&base);
-        let config = piped(&base, stages, Kind::ZeroBubbleV, 2, m, recompute);
+        let mut config = piped(&base, stages, Kind::ZeroBubbleV, 2, m, recompute);
+        if let Some(p) = &mut config.pipeline {
+            p.balance = balance;
+        }
         let what = format!("zb-v, pp {stages}, dp {dp}, m {m}, tied {tied}, recompute {recompute}");
         check(&config, dp, &expect, &what);
     }

@@ -67,10 +67,10 @@ pub fn build(
 ) -> Result<(Model, Pipeline)> {
     let schedule = schedule::Schedule::new(p.schedule, p.shape(run.micro_batches))?;
     let costs = match p.balance {
-        Balance::Blocks(_) => Vec::new(),
-        _ if p.virtual_stages > 1 => Vec::new(),
+        _ if !stages::needs_costs(p) => Vec::new(),
         Balance::Params => param_counts(run.model, run.seed)?,
         Balance::Time => block_times(mesh.world(), run, task)?,
+        Balance::Blocks(_) => Vec::new(),
     };
     let cut = stages::cut(run.model, p, &costs)?;
     let keep: Vec<usize> = schedule.chunks_of(&cut, mesh.coord(Axis::Pp)).into_iter().flatten().collect();
