@@ -173,6 +173,20 @@ fn a_checkpoint_resumes_under_another_mesh() {
     let d = rel_diff(&run(1, &plain)[0].params, &whole);
     assert!(d < TOLERANCE, "resumed on one rank: relative difference {d:e}");
     std::fs::remove_dir_all(dir).unwrap();
+    // Written by ZB-V (rank 0 holding the first and the last stage), resumed by 1F1B on
+    // the looped placement (a directory of its own: nothing else to resume from).
+    let dir = temp("pp", "ckpt-zbv");
+    let first = with_checkpoint(
+        TrainConfig { steps: STEPS / 2, ..piped(&base, 2, Kind::ZeroBubbleV, 2, 4, false) },
+        &dir,
+        0,
+        false,
+    );
+    run(2, &first);
+    let looped = with_checkpoint(piped(&base, 2, Kind::OneFOneB, 1, 4, false), &dir, 0, true);
+    let d = rel_diff(&run(2, &looped)[0].params, &whole);
+    assert!(d < TOLERANCE, "written by zb-v, resumed by 1f1b: relative difference {d:e}");
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
