@@ -122,6 +122,7 @@ fn three_dimensional_meshes_match_single_process_training() {
         (1, 2, 4, Kind::GPipe, 1, 2),
         (4, 2, 1, Kind::OneFOneB, 1, 2),
         (2, 2, 2, Kind::ZeroBubble, 1, 4),
+        (1, 2, 2, Kind::ZeroBubbleV, 2, 4),
     ];
     for (dp, pp, tp, schedule, v, m) in shapes {
         let mut config = piped(&base, pp, schedule, v, m, false);
