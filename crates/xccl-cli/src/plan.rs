@@ -209,8 +209,8 @@ pub fn memory(config: &TrainConfig, profile: &Profile, layout: Layout) -> Result
     // (f32), or the token ids of the first.
     let input = |k: usize| if k == 0 { 0 } else { blocks[k - 1].out_elems * 4 };
     let mut worst = Memory { states: 0, activations: 0 };
+    let placement = config.pipeline.as_ref().map_or(Placement::Looped, |pc| pc.schedule.placement());
     for rank in 0..layout.pp {
-        let placement = config.pipeline.as_ref().map_or(Placement::Looped, |pc| pc.schedule.placement());
         let chunks = placement.chunks_of(&stages, layout.pp, rank);
         let mine: Vec<usize> = chunks.iter().flat_map(|c| c.clone()).collect();
         let psi: usize = mine.iter().map(|&k| blocks[k].params).sum();
