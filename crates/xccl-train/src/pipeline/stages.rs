@@ -192,8 +192,10 @@ pub fn balanced(costs: &[f64], parts: usize) -> Vec<Range<usize>> {
 /// the largest load of a rank, its two stages' sums, is as small as possible; `p >= 1` and
 /// `2·p <= costs.len()`.
 ///
-/// Among cuts with that load, it prefers those whose largest stage is smallest (a stage much
-/// larger than the others would hold up the micro-batches going through it).
+/// Between cuts of equal load it breaks ties towards a smaller largest stage (a stage much
+/// larger than the others would hold up the micro-batches going through it): a tie-break
+/// carried through the program, which finds the smallest load exactly but not always the
+/// smallest largest stage among such cuts.
 ///
 /// Ranks are cut from the outside in: rank `k` takes the stages at both ends of the middle
 /// the ranks before it left, `[a, a′)` and `[b′, b)`, and the last rank the middle itself
