@@ -1,10 +1,10 @@
 //! Which blocks each pipeline stage holds.
 //!
 //! A model is a sequence of blocks (`embed`, the layers, `head`); a stage holds a
-//! contiguous range of them. With `v` virtual stages per rank the model is cut into
-//! `p · v` chunks, global stages in pipeline order, which the schedule's
-//! [`Placement`](super::placement::Placement) puts on the ranks: rank `r` holds chunks `r, r
-//! + p, r + 2p, …` (Megatron's interleaving), or stages `r` and `2p − 1 − r` (ZB-V's V).
+//! contiguous range of them. With `v` virtual stages per rank the model is cut into `p · v`
+//! chunks, global stages in pipeline order, which the schedule's [`Placement`] puts on the
+//! ranks: rank `r` holds chunks `r, r + p, r + 2p, …` (Megatron's interleaving), or stages
+//! `r` and `2p − 1 − r` (ZB-V's V).
 //!
 //! Without interleaving the cut balances a cost per block: parameter counts by default,
 //! measured forward + backward time on request, or an explicit number of blocks per stage.
@@ -188,9 +188,8 @@ pub fn balanced(costs: &[f64], parts: usize) -> Vec<Range<usize>> {
 }
 
 /// Cuts `costs` into `2·p` contiguous non-empty stages placed in a V (rank `r` holds stages
-/// `r` and `2·p − 1 − r`, ZB-V's [`Placement::V`](super::placement::Placement::V)) so that
-/// the largest load of a rank, its two stages' sums, is as small as possible; `p >= 1` and
-/// `2·p <= costs.len()`.
+/// `r` and `2·p − 1 − r`, ZB-V's [`Placement::V`]) so that the largest load of a rank, its
+/// two stages' sums, is as small as possible; `p >= 1` and `2·p <= costs.len()`.
 ///
 /// Between cuts of equal load it breaks ties towards a smaller largest stage (a stage much
 /// larger than the others would hold up the micro-batches going through it): a tie-break
