@@ -23,8 +23,8 @@ s % pp (ScheduleInterleaved1F1B), and --split lists pp x V counts. With `--sched
 (ScheduleZBVZeroBubble; --virtual-stages is 2, the default for it) there are 2 pp stages in a
 V: rank r holds stages r and 2 pp - 1 - r (rank 0 the first and the last); without --split
 they are cut into equal layers per chunk (layers / (2 pp) layers each, embed with the first,
-head with the last; --layers must be a multiple of 2 pp; pp_vs_torch.sh gives xccl the same
-cut by --pp-balance), and M must be >= 2 pp - 1 (xccl's bound).
+head with the last; --layers must be a multiple of 2 pp; pp_vs_torch.sh passes this cut to
+both sides, --split here and --pp-balance to xccl), and M must be >= 2 pp - 1 (xccl's bound).
 
 Schedules: `gpipe` = ScheduleGPipe, `1f1b` = Schedule1F1B, `interleaved` =
 ScheduleInterleaved1F1B, `zb-h1` = ScheduleInterleavedZeroBubble with one stage per rank

@@ -20,9 +20,9 @@
 #     SCHEDULES (default "gpipe 1f1b zb-h1 zb-v") picks the schedules (zb-h1: PyTorch's
 #     ScheduleInterleavedZeroBubble with one stage per rank; zb-v: PyTorch's
 #     ScheduleZBVZeroBubble against `xccl train --schedule zb-v --virtual-stages 2`, 2P = 4
-#     chunks in a V, rank r holding stages r and 2P-1-r, both cut alike (xccl given the
-#     list by --pp-balance): LAYERS / 4 layers each, embed with the first, head with the
-#     last; skipped with a note unless
+#     chunks in a V, rank r holding stages r and 2P-1-r, both given the same cut (--split,
+#     --pp-balance): LAYERS / 4 layers each, embed with the first, head with the last;
+#     skipped with a note unless
 #     M >= 2P - 1 and LAYERS is a multiple of 4); adding "interleaved" also compares
 #     interleaved 1F1B with CMP_V (2) virtual stages per rank (default split).
 #  2. bubble (BUBBLE=1), xccl only (traced; --trace is passed if the CLI has it): P in BUBBLE_PS ("2 4"), M in BUBBLE_MS
@@ -164,17 +164,15 @@ for rep in $(seq 1 "$REPS"); do
     for s in $SCHEDULES; do
       if [ "$s" = interleaved ]; then v="$CMP_V"; split=""; else v=1; split="$SPLIT"; fi
       if [ "$s" = zb-v ]; then
-        v=2; split=""
+        v=2
         zbv_fits 2 "$M" comparison || continue
-        # Both sides cut 4 chunks of equal layers (embed with the first, head with the last):
-        # pp_vs_torch.py does without --split, xccl gets the list.
+        # Both sides get the same list: 4 chunks of equal layers, embed with the first, head
+        # with the last.
         q=$(( layers / 4 ))
-        xsplit="$(( q + 1 )),$q,$q,$(( q + 1 ))"
-      else
-        xsplit="$split"
+        split="$(( q + 1 )),$q,$q,$(( q + 1 ))"
       fi
       if [ "$TORCH" = 1 ]; then torch_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$WARMUP" "$split" "$rep"; fi
-      if [ "$XCCL_ON" = 1 ]; then xccl_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$xsplit" "$rep"; fi
+      if [ "$XCCL_ON" = 1 ]; then xccl_pp cmp "$s" 2 "$v" "$M" "$BATCH" "$STEPS" "$split" "$rep"; fi
     done
   fi
   if [ "$BUBBLE" = 1 ] && [ "$XCCL_ON" = 1 ]; then

@@ -53,13 +53,11 @@ pub(super) fn passes(shape: Shape, rank: usize) -> Vec<Pass> {
         if l.f[0] < m {
             l.forward(0);
         }
-        for c in [0, 1] {
-            if c == 1 {
-                l.forward(1);
-            }
-            l.input(c);
-            l.weight(c);
-        }
+        l.input(0);
+        l.weight(0);
+        l.forward(1);
+        l.input(1);
+        l.weight(1);
     }
     for _ in 0..rank {
         l.input(0);
